@@ -1,0 +1,38 @@
+"""vaswani: the encoder-decoder Transformer of "Attention Is All You Need" as a Hugging Face model package.
+
+`import vaswani` registers the config, the models (and the tokenizer) with transformers' Auto classes, and marks
+them for remote code, so that `save_pretrained` writes the code beside the weights.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_vaswani import PRESETS, VaswaniConfig
+from .modeling_vaswani import (
+    VaswaniDecoder,
+    VaswaniEncoder,
+    VaswaniForConditionalGeneration,
+    VaswaniModel,
+    VaswaniPreTrainedModel,
+    shift_tokens_right,
+)
+
+AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
+AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
+
+# Hub remote code: save_pretrained copies the defining files and writes `auto_map` into config.json.
+VaswaniConfig.register_for_auto_class()
+VaswaniModel.register_for_auto_class("AutoModel")
+VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__version__ = "0.1.0"
+__all__ = [
+    "PRESETS",
+    "VaswaniConfig",
+    "VaswaniDecoder",
+    "VaswaniEncoder",
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+    "shift_tokens_right",
+]

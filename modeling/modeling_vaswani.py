@@ -1,0 +1,592 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017)."""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vaswani import VaswaniConfig
+from .positions_vaswani import SinusoidalPositions
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, turn -100 into padding."""
+    shifted = labels.new_empty(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill_(shifted == -100, pad_token_id)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, Tq, D), k/v (B, H, Tk, D), additive mask (B, 1, Tq, Tk) -> out (B, Tq, H, D), weights (B, H, Tq, Tk)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    elif module.is_causal and query.shape[2] > 1:
+        # No mask was built (nothing padded): the causal structure must still hold.
+        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
+        causal = causal.tril(key.shape[2] - query.shape[2])
+        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights, value)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _unpad_keys_for_flash(key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, query_length: int):
+    """
+    Flash cross-attention with padding in the source: transformers' generic path derives the query padding from the
+    key mask (right only when queries and keys are the same sequence; transformers#35032). Here the keys are packed by
+    their own mask, the queries are left whole (padded queries are masked downstream), and the flash kernel gets
+    separate cumulative lengths for the two sides. Returns packed k/v as (1, H, N, D) and the varlen kwargs.
+    """
+    batch = key.shape[0]
+    lengths = key_mask.sum(-1, dtype=torch.int32)
+    keep = key_mask.flatten().nonzero().squeeze(-1)
+    packed_key = key.transpose(0, 1).flatten(1, 2)[:, keep].unsqueeze(0)  # (1, H, N, D)
+    packed_value = value.transpose(0, 1).flatten(1, 2)[:, keep].unsqueeze(0)
+    cu_seq_lens_k = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_seq_lens_q = torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32, device=key.device)
+    kwargs = dict(
+        cu_seq_lens_q=cu_seq_lens_q,
+        cu_seq_lens_k=cu_seq_lens_k,
+        max_length_q=query_length,
+        max_length_k=int(lengths.max()),
+    )
+    return packed_key, packed_value, kwargs
+
+
+class VaswaniAttention(nn.Module):
+    """
+    Multi-head attention. One class serves encoder self-, decoder self- and cross-attention: the caller passes
+    `key_value_states` (the encoder output) for cross-attention. Projections -> backend function -> output projection.
+    """
+
+    def __init__(self, config: VaswaniConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
+        # SDPA and flash read this when the mask is None; if it were absent they would assume causal.
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.o_proj = nn.Linear(config.d_model, config.d_model)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        is_cross = key_value_states is not None
+        query = self._split_heads(self.q_proj(hidden_states))
+
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+        if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
+            # Cross-attention keys/values depend only on the encoder output: computed once per generate.
+            key = layer_cache.layers[self.layer_idx].keys
+            value = layer_cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if is_cross else hidden_states
+            key = self._split_heads(self.k_proj(source))
+            value = self._split_heads(self.v_proj(source))
+            if layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
+                if is_cross:
+                    cache.is_updated[self.layer_idx] = True
+
+        implementation = self.config._attn_implementation
+        if is_cross and attention_mask is not None and attention_mask.dim() == 2 and "flash" in implementation:
+            key, value, varlen_kwargs = _unpad_keys_for_flash(key, value, attention_mask.bool(), query.shape[2])
+            kwargs = {**kwargs, **varlen_kwargs}
+            attention_mask = None
+
+        attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        out, weights = attend(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            **kwargs,
+        )
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+
+
+class VaswaniFeedForward(nn.Module):
+    def __init__(self, config: VaswaniConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation(self.fc1(hidden_states))
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class _SublayerMixin:
+    """Residual connection around a sub-layer, with the norm before (pre-LN) or after (post-LN, the paper)."""
+
+    def _residual(self, norm: nn.LayerNorm, hidden_states: torch.Tensor, sublayer: Callable) -> torch.Tensor:
+        if self.normalize_before:
+            branch = sublayer(norm(hidden_states))
+            return hidden_states + F.dropout(branch, p=self.dropout, training=self.training)
+        branch = sublayer(hidden_states)
+        return norm(hidden_states + F.dropout(branch, p=self.dropout, training=self.training))
+
+
+class VaswaniEncoderLayer(_SublayerMixin, GradientCheckpointingLayer):
+    def __init__(self, config: VaswaniConfig, layer_idx: int):
+        super().__init__()
+        self.normalize_before = config.normalize_before
+        self.dropout = config.dropout
+        self.self_attn = VaswaniAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = VaswaniFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        hidden_states = self._residual(
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, **kwargs)[0],
+        )
+        return self._residual(self.final_layer_norm, hidden_states, self.ffn)
+
+
+class VaswaniDecoderLayer(_SublayerMixin, GradientCheckpointingLayer):
+    def __init__(self, config: VaswaniConfig, layer_idx: int):
+        super().__init__()
+        self.normalize_before = config.normalize_before
+        self.dropout = config.dropout
+        heads = config.decoder_attention_heads
+        self.self_attn = VaswaniAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = VaswaniAttention(config, heads, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = VaswaniFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        kwargs.pop("use_cache", None)
+        hidden_states = self._residual(
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0],
+        )
+        hidden_states = self._residual(
+            self.encoder_attn_layer_norm,
+            hidden_states,
+            lambda x: self.encoder_attn(
+                x,
+                attention_mask=encoder_attention_mask,
+                key_value_states=encoder_hidden_states,
+                cache=cache,
+                **kwargs,
+            )[0],
+        )
+        return self._residual(self.final_layer_norm, hidden_states, self.ffn)
+
+
+def _keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A row that is all padding would attend to nothing (NaN in some backends): let it attend to every position.
+    Its outputs are never used; the other rows are untouched."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return attention_mask
+    return torch.where(attention_mask.bool().any(-1, keepdim=True), attention_mask, torch.ones_like(attention_mask))
+
+
+class VaswaniPreTrainedModel(PreTrainedModel):
+    config: VaswaniConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+    _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+
+    def _init_weights(self, module: nn.Module):
+        """All initialisation of the model: Xavier-uniform projections with zero biases, normal embeddings with
+        std init_std (default d_model ** -0.5, which `scale_embedding` brings back to unit scale), unit norms.
+        Sinusoidal positions are computed, never initialised."""
+        std = self.config.init_std if self.config.init_std is not None else self.config.d_model**-0.5
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, VaswaniForConditionalGeneration) and module.final_logits_bias is not None:
+            init.zeros_(module.final_logits_bias)
+
+
+class VaswaniEncoder(VaswaniPreTrainedModel):
+    """The encoder stack: token embedding (x sqrt(d_model) if `scale_embedding`) + positions -> dropout -> layers
+    (-> final norm when pre-LN). `embed_tokens` is the model's shared embedding."""
+
+    _can_record_outputs = {"hidden_states": VaswaniEncoderLayer, "attentions": VaswaniAttention}
+
+    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config)
+        self.embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = SinusoidalPositions(config.d_model, config.position_encoding)
+        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
+        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+        attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=_keep_fully_padded_rows_finite(attention_mask),
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VaswaniDecoder(VaswaniPreTrainedModel):
+    """The decoder stack: embeddings + positions (continuing from the cache length) -> layers of causal
+    self-attention, cross-attention over the encoder output and FFN (-> final norm when pre-LN)."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniDecoderLayer,
+        "attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config)
+        self.embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = SinusoidalPositions(config.d_model, config.position_encoding)
+        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """input_ids (B, T) decoder inputs (labels shifted right); attention_mask (B, T) target padding, or a
+        prepared 4D mask; encoder_hidden_states (B, S, d); encoder_attention_mask (B, S) source padding."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        past_length = cache.get_seq_length() if cache is not None else 0
+        positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
+        hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
+        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=_keep_fully_padded_rows_finite(attention_mask),
+            cache=self_attn_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=_keep_fully_padded_rows_finite(encoder_attention_mask),
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                cache=cache,
+                **kwargs,
+            )
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+
+
+class VaswaniModel(VaswaniPreTrainedModel):
+    """Encoder + decoder over one token embedding shared by source and target (the paper's shared vocabulary).
+    Returns the decoder's hidden states."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = VaswaniEncoder(config, self.shared)
+        self.decoder = VaswaniDecoder(config, self.shared)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # Source and target always share the embedding; `tie_word_embeddings` governs only the output projection,
+        # so this tie must not depend on it (the base class drops every tie when it is False).
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+    """VaswaniModel with the output projection to the vocabulary (tied to the shared embedding when
+    `tie_word_embeddings`), the loss, and generation (greedy, beam, sampling; dynamic or static cache)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.model = VaswaniModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.final_logits_bias:
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        else:
+            self.final_logits_bias = None
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear):
+        self.lm_head = new_embeddings
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.final_logits_bias is not None:
+            old = self.final_logits_bias
+            size = embeddings.weight.shape[0]
+            new = old.new_zeros(1, size)
+            new[:, : min(size, old.shape[1])] = old[:, :size]
+            self.final_logits_bias = new
+        return embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+        """Token-mean cross-entropy over labels != -100 (labels are aligned with the decoder inputs: no shift), with
+        `config.label_smoothing`. Under Trainer with gradient accumulation, `num_items_in_batch` is the number of
+        label tokens in the whole accumulated batch: the sum is divided by it instead."""
+        total = F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]),
+            labels.view(-1).to(logits.device),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=self.config.label_smoothing,
+        )
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """labels (B, T): target ids with -100 where ignored; decoder inputs default to labels shifted right."""
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias.to(logits.dtype)
+        loss = self.compute_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "VaswaniPreTrainedModel",
+    "VaswaniEncoder",
+    "VaswaniDecoder",
+    "VaswaniModel",
+    "VaswaniForConditionalGeneration",
+    "shift_tokens_right",
+]
