@@ -135,7 +135,7 @@ class VaswaniAttention(nn.Module):
                     cache.is_updated[self.layer_idx] = True
 
         implementation = self.config._attn_implementation
-        if is_cross and attention_mask is not None and attention_mask.dim() == 2 and "flash" in implementation:
+        if is_cross and "flash" in implementation and torch.is_tensor(attention_mask) and attention_mask.dim() == 2:
             key, value, varlen_kwargs = _unpad_keys_for_flash(key, value, attention_mask.bool(), query.shape[2])
             kwargs = {**kwargs, **varlen_kwargs}
             attention_mask = None
@@ -244,7 +244,7 @@ class VaswaniDecoderLayer(_SublayerMixin, GradientCheckpointingLayer):
 def _keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """A row that is all padding would attend to nothing (NaN in some backends): let it attend to every position.
     Its outputs are never used; the other rows are untouched."""
-    if attention_mask is None or attention_mask.dim() != 2:
+    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2:
         return attention_mask
     return torch.where(attention_mask.bool().any(-1, keepdim=True), attention_mask, torch.ones_like(attention_mask))
 
