@@ -1,0 +1,91 @@
+"""A saved checkpoint carries its code: it loads with trust_remote_code=True where vaswani is not importable."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+# Run in a fresh interpreter, from an empty folder, with every `vaswani` import refused (the package is installed in
+# this environment, editable or not, so it has to be blocked rather than merely left off the path).
+CLEAN_LOAD = textwrap.dedent(
+    """
+    import sys
+
+    class RefuseVaswani:
+        def find_spec(self, name, path=None, target=None):
+            if name == "vaswani" or name.startswith("vaswani."):
+                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)")
+
+    sys.meta_path.insert(0, RefuseVaswani())
+    try:
+        import vaswani  # noqa: F401
+        raise SystemExit("vaswani is importable: the test would prove nothing")
+    except ModuleNotFoundError:
+        pass
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSeq2SeqLM
+
+    folder, inputs_file, outputs_file = sys.argv[1:4]
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert model.__class__.__module__.startswith("transformers_modules."), model.__class__.__module__
+    assert model.lm_head.weight is model.model.shared.weight
+    inputs = load_file(inputs_file)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5)
+    save_file({"logits": logits.contiguous(), "generated": generated.contiguous()}, outputs_file)
+    print("loaded", model.__class__.__module__)
+    """
+)
+
+
+def clean_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
+    return env
+
+
+def test_trust_remote_code_load_in_a_clean_interpreter(tmp_path):
+    torch.manual_seed(0)
+    config = VaswaniConfig.from_preset("tiny", dropout=0.0, normalize_before=True, position_encoding="sinusoidal_split")
+    model = VaswaniForConditionalGeneration(config).eval()
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    config_json = (folder / "config.json").read_text()
+    assert '"AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration"' in config_json
+    assert '"AutoConfig": "configuration_vaswani.VaswaniConfig"' in config_json
+
+    inputs = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+        "decoder_input_ids": torch.tensor([[2, 11, 12], [2, 13, 0]]),
+    }
+    save_file(inputs, tmp_path / "inputs.safetensors")
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    script = tmp_path / "load.py"
+    script.write_text(CLEAN_LOAD)
+    result = subprocess.run(
+        [sys.executable, str(script), str(folder), str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.st")],
+        cwd=workdir,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = load_file(tmp_path / "out.st")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                   max_new_tokens=5)
+    assert torch.equal(outputs["logits"], expected)
+    assert torch.equal(outputs["generated"], generated)
