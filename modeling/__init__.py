@@ -4,7 +4,7 @@
 them for remote code, so that `save_pretrained` writes the code beside the weights.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .configuration_vaswani import PRESETS, VaswaniConfig
 from .modeling_vaswani import (
@@ -15,10 +15,12 @@ from .modeling_vaswani import (
     VaswaniPreTrainedModel,
     shift_tokens_right,
 )
+from .tokenizer import VaswaniTokenizer
 
 AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
 AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
+AutoTokenizer.register(VaswaniConfig, tokenizer_class=VaswaniTokenizer, exist_ok=True)
 
 # Hub remote code: save_pretrained copies the defining files and writes `auto_map` into config.json.
 VaswaniConfig.register_for_auto_class()
@@ -34,5 +36,6 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
+    "VaswaniTokenizer",
     "shift_tokens_right",
 ]

@@ -1,0 +1,120 @@
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vaswani.training.checkpoints import MARKER, checkpoint_problem, latest_valid_checkpoint, save_checkpoint
+
+
+def writer(value: float):
+    def save_fn(folder):
+        save_file({"w": torch.full((64,), value)}, str(folder / "model.safetensors"))
+        (folder / "sub").mkdir()
+        (folder / "sub" / "state.json").write_text(json.dumps({"value": value}))
+
+    return save_fn
+
+
+def test_save_writes_marker_last_and_reads_back(tmp_path):
+    path = save_checkpoint(tmp_path, 10, writer(1.0), epoch=2, batches_done=7, extra={"loss": 3.5})
+    assert path == tmp_path / "checkpoint-10"
+    marker = json.loads((path / MARKER).read_text())
+    assert set(marker["files"]) == {"model.safetensors", "sub/state.json"}
+    assert marker["files"]["model.safetensors"]["size"] == (path / "model.safetensors").stat().st_size
+    info = latest_valid_checkpoint(tmp_path)
+    assert (info.path, info.step, info.epoch, info.batches_done, info.extra) == (path, 10, 2, 7, {"loss": 3.5})
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-10"]
+
+
+def test_failing_save_leaves_no_checkpoint_and_keeps_the_previous(tmp_path):
+    save_checkpoint(tmp_path, 10, writer(1.0), epoch=0, batches_done=10)
+
+    def broken(folder):
+        writer(2.0)(folder)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, 20, broken, epoch=0, batches_done=20, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
+    assert latest_valid_checkpoint(tmp_path).step == 10
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "no_marker"])
+def test_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path, caplog, damage):
+    save_checkpoint(tmp_path, 10, writer(1.0), epoch=0, batches_done=10)
+    newest = save_checkpoint(tmp_path, 20, writer(2.0), epoch=0, batches_done=20)
+    weights = newest / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:-10])
+    elif damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "delete":
+        weights.unlink()
+    else:
+        (newest / MARKER).unlink()
+    assert checkpoint_problem(newest) is not None
+    with caplog.at_level(logging.WARNING, logger="vaswani.training.checkpoints"):
+        info = latest_valid_checkpoint(tmp_path)
+    assert info.step == 10
+    assert any("checkpoint-20" in r.getMessage() for r in caplog.records)
+
+
+def test_partial_tmp_folder_is_ignored_with_a_warning(tmp_path, caplog):
+    save_checkpoint(tmp_path, 10, writer(1.0), epoch=0, batches_done=10)
+    partial = tmp_path / ".tmp-checkpoint-20"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    with caplog.at_level(logging.WARNING, logger="vaswani.training.checkpoints"):
+        assert latest_valid_checkpoint(tmp_path).step == 10
+    assert any(".tmp-checkpoint-20" in r.getMessage() for r in caplog.records)
+    # a later save of that step replaces the leftover
+    save_checkpoint(tmp_path, 20, writer(2.0), epoch=0, batches_done=20)
+    assert not partial.exists() and latest_valid_checkpoint(tmp_path).step == 20
+
+
+def test_keep_last_k(tmp_path):
+    for step in (10, 20, 30, 40):
+        save_checkpoint(tmp_path, step, writer(step), epoch=0, batches_done=step, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-30", "checkpoint-40"]
+    # resaving a step replaces it atomically
+    save_checkpoint(tmp_path, 40, writer(41.0), epoch=1, batches_done=0, keep_last=2)
+    assert latest_valid_checkpoint(tmp_path).epoch == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-30", "checkpoint-40"]
+
+
+def test_empty_dir_has_no_checkpoint(tmp_path):
+    assert latest_valid_checkpoint(tmp_path) is None
+    assert latest_valid_checkpoint(tmp_path / "missing") is None
+
+
+def test_with_accelerate_save_state_and_load_state(tmp_path):
+    from accelerate import Accelerator
+
+    from vaswani.training.schedule import make_optimizer, make_scheduler
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 4)
+    optimizer = make_optimizer(model, lr=1e-2)
+    scheduler = make_scheduler(optimizer, warmup_steps=3)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for _ in range(2):
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    path = save_checkpoint(tmp_path, 2, accelerator.save_state, epoch=0, batches_done=2,
+                           is_main_process=accelerator.is_main_process,
+                           wait_for_everyone=accelerator.wait_for_everyone)
+    assert "model.safetensors" in json.loads((path / MARKER).read_text())["files"]
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.zero_()
+    scheduler.step()
+    accelerator.load_state(str(latest_valid_checkpoint(tmp_path).path))
+    assert torch.equal(model.weight, saved)
+    assert scheduler.scheduler.last_epoch == 2

@@ -1,0 +1,63 @@
+import math
+
+import pytest
+import torch
+
+from vaswani.training.schedule import inverse_sqrt_factor, make_optimizer, make_scheduler, paper_learning_rate
+
+
+def test_paper_formula_by_hand():
+    # d_model 512, warmup 4000: peak at step 4000 = 512^-0.5 * 4000^-0.5
+    assert paper_learning_rate(4000, 512, 4000) == pytest.approx(6.987712429686844e-4, rel=1e-12)
+    assert paper_learning_rate(1000, 512, 4000) == pytest.approx(1000 / (math.sqrt(512) * 4000**1.5), rel=1e-12)
+    assert paper_learning_rate(16000, 512, 4000) == pytest.approx(1 / math.sqrt(512 * 16000), rel=1e-12)
+    assert paper_learning_rate(16000, 512, 4000, scale=2.0) == pytest.approx(2 / math.sqrt(512 * 16000))
+    assert paper_learning_rate(0, 512, 4000) == paper_learning_rate(1, 512, 4000) > 0
+
+
+def test_peak_form():
+    assert inverse_sqrt_factor(0, 10) == inverse_sqrt_factor(1, 10) == pytest.approx(0.1)
+    assert inverse_sqrt_factor(5, 10) == pytest.approx(0.5)
+    assert inverse_sqrt_factor(10, 10) == 1.0
+    assert inverse_sqrt_factor(40, 10) == pytest.approx(0.5)
+
+
+def _lrs(scheduler, optimizer, steps):
+    out = []
+    for _ in range(steps):
+        out.append(optimizer.param_groups[0]["lr"])  # lr used by this update
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def test_lambda_lr_paper_mode_nth_update_uses_lr_n():
+    model = torch.nn.Linear(2, 2)
+    optimizer = make_optimizer(model, lr=1.0)
+    scheduler = make_scheduler(optimizer, warmup_steps=4, d_model=512)
+    lrs = _lrs(scheduler, optimizer, 8)
+    assert lrs == pytest.approx([paper_learning_rate(n, 512, 4) for n in range(1, 9)], rel=1e-12)
+    assert lrs[3] == pytest.approx(512**-0.5 * 4**-0.5)
+
+
+def test_lambda_lr_peak_mode():
+    optimizer = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3)
+    scheduler = make_scheduler(optimizer, warmup_steps=4)
+    assert _lrs(scheduler, optimizer, 6) == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3 * math.sqrt(4 / 5),
+                                                           1e-3 * math.sqrt(4 / 6)])
+
+
+def test_paper_mode_needs_lr_one():
+    with pytest.raises(ValueError, match="lr=1.0"):
+        make_scheduler(make_optimizer(torch.nn.Linear(2, 2), lr=1e-3), 4000, d_model=512)
+
+
+def test_make_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    adam = make_optimizer(model, lr=0.1)
+    assert type(adam) is torch.optim.Adam
+    assert adam.defaults["betas"] == (0.9, 0.98) and adam.defaults["eps"] == 1e-9
+    adamw = make_optimizer(model, lr=0.1, weight_decay=0.01)
+    assert type(adamw) is torch.optim.AdamW
+    decayed = {id(p) for g in adamw.param_groups if g["weight_decay"] == 0.01 for p in g["params"]}
+    assert decayed == {id(model[0].weight)}

@@ -1,0 +1,178 @@
+"""Train the shared SentencePiece model from the user's corpus and save a VaswaniTokenizer folder."""
+
+import io
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+import sentencepiece as spm
+
+from .tokenization_vaswani import SPECIAL_TOKENS, VaswaniTokenizer, spell_out
+
+
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+
+
+class TokenizerTrainingError(ValueError):
+    """Bad input to tokenizer training; the message is one line meant for the user."""
+
+
+def read_corpus(
+    inputs: Sequence[str | os.PathLike], columns: Sequence[int] | None = None, spell_source: bool = False
+) -> Iterator[str]:
+    """Yield training sentences from text files.
+
+    columns=None: every line is one sentence. columns=[0, 1]: lines are tab-separated and each
+    listed column of each line is one sentence (source and target share the vocabulary).
+    spell_source: the first listed column (the whole line if columns is None) is spelled out
+    into space-separated characters, as `VaswaniTokenizer(spell_source=True)` does when encoding.
+    """
+    for path in inputs:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line_number, line in enumerate(f, 1):
+                    line = line.rstrip("\r\n")
+                    if not line.strip():
+                        continue
+                    if columns is None:
+                        fields = [line]
+                    else:
+                        cells = line.split("\t")
+                        if max(columns) >= len(cells):
+                            raise TokenizerTrainingError(
+                                f"{path}:{line_number}: has {len(cells)} tab-separated column(s), "
+                                f"column {max(columns)} was asked for (columns are counted from 0)"
+                            )
+                        fields = [cells[c] for c in columns]
+                    if spell_source:
+                        fields[0] = spell_out(fields[0])
+                    yield from (field for field in fields if field.strip())
+        except OSError as error:
+            raise TokenizerTrainingError(f"cannot read input file {os.fspath(path)!r}: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            raise TokenizerTrainingError(f"{os.fspath(path)!r} is not UTF-8 text ({error.reason})") from None
+
+
+def train_tokenizer(
+    inputs: Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+    *,
+    columns: Sequence[int] | None = None,
+    spell_source: bool = False,
+    character_coverage: float | None = None,
+    byte_fallback: bool | None = None,
+    user_defined_symbols: Iterable[str] = (),
+    normalization: str = "identity",
+    seed: int = 0,
+    num_threads: int = 1,
+) -> VaswaniTokenizer:
+    """Train one piece model on `inputs` and save a loadable tokenizer folder to `output_dir`.
+
+    model_type: "unigram" or "bpe" (subwords), "word" (every whitespace-separated symbol is one
+    piece) or "char" (every character is one piece).
+    Defaults chosen so that decode(encode(text)) == text:
+    - unigram/bpe: byte_fallback=True (characters outside the vocabulary become UTF-8 byte pieces
+      instead of <unk>; costs 256 ids) and character_coverage=0.9995;
+    - word/char: byte_fallback=False and character_coverage=1.0 (every character of the corpus
+      is kept; anything unseen encodes to <unk>), runs of spaces collapsed for "word".
+    normalization: a SentencePiece rule; "identity" keeps text as written, "nmt_nfkc" is the
+    usual choice for MT but changes e.g. full-width characters, so round trips are not exact.
+    Same corpus and arguments (num_threads included) give a byte-identical model: every sentence
+    is used (no sampling) and the seed is fixed; 1 thread and 2 threads give different models.
+    Raises TokenizerTrainingError for unreadable or empty input and for a vocabulary size the
+    corpus cannot fill (the message says the largest that works).
+    """
+    if model_type not in MODEL_TYPES:
+        raise TokenizerTrainingError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    if not inputs:
+        raise TokenizerTrainingError("no input files given")
+    if columns is not None and (not columns or min(columns) < 0):
+        raise TokenizerTrainingError(f"columns must be a non-empty list of indices >= 0, got {list(columns)}")
+    subword = model_type in ("unigram", "bpe")
+    if byte_fallback is None:
+        byte_fallback = subword
+    if character_coverage is None:
+        character_coverage = 0.9995 if subword else 1.0
+    user_defined_symbols = list(user_defined_symbols)
+    clash = set(user_defined_symbols) & set(SPECIAL_TOKENS)
+    if clash:
+        raise TokenizerTrainingError(f"user_defined_symbols may not contain special tokens: {sorted(clash)}")
+    sentences = list(read_corpus(inputs, columns, spell_source))
+    if not sentences:
+        raise TokenizerTrainingError(f"the corpus is empty: no non-blank lines in {', '.join(map(str, inputs))}")
+
+    reserved = len(SPECIAL_TOKENS) + len(user_defined_symbols) + (256 if byte_fallback else 0)
+    if vocab_size <= reserved:
+        raise TokenizerTrainingError(
+            f"vocab_size={vocab_size} leaves no room for pieces: {len(SPECIAL_TOKENS)} special tokens"
+            + (", 256 byte-fallback pieces" if byte_fallback else "")
+            + (f", {len(user_defined_symbols)} user-defined symbols" if user_defined_symbols else "")
+            + f" already take {reserved} ids"
+        )
+
+    model = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type=model_type,
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
+            user_defined_symbols=user_defined_symbols,
+            normalization_rule_name=normalization,
+            remove_extra_whitespaces=model_type == "word",
+            pad_id=SPECIAL_TOKENS["<pad>"],
+            unk_id=SPECIAL_TOKENS["<unk>"],
+            bos_id=SPECIAL_TOKENS["<s>"],
+            eos_id=SPECIAL_TOKENS["</s>"],
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            input_sentence_size=0,  # use every sentence: sampling would make the model depend on the seed
+            shuffle_input_sentence=False,
+            max_sentence_length=1 << 16,  # bytes; longer lines are skipped
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        raise TokenizerTrainingError(_explain_sentencepiece_error(str(error), vocab_size, model_type)) from None
+    trained = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
+    if trained != vocab_size:  # the char model stops at the corpus' alphabet instead of failing
+        raise TokenizerTrainingError(_too_high(vocab_size, model_type, trained))
+
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = os.path.join(tmp, VaswaniTokenizer.vocab_files_names["vocab_file"])
+        with open(model_file, "wb") as f:
+            f.write(model.getvalue())
+        tokenizer = VaswaniTokenizer(vocab_file=model_file, spell_source=spell_source)
+        tokenizer.save_pretrained(output_dir)
+    return VaswaniTokenizer.from_pretrained(output_dir)
+
+
+def _explain_sentencepiece_error(message: str, vocab_size: int, model_type: str) -> str:
+    too_high = re.search(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+    if too_high:
+        return _too_high(vocab_size, model_type, int(too_high.group(2)))
+    too_low = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message)
+    if too_low:
+        return (
+            f"vocab_size={vocab_size} is too small: the characters kept (character_coverage), special tokens "
+            f"and byte pieces need at least {too_low.group(2)}; raise vocab_size or lower character_coverage"
+        )
+    # "INTERNAL: src/trainer_interface.cc(123) [check] message": keep the message
+    first_line = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return "sentencepiece training failed: " + re.sub(r"^.*?\)\s*(\[.*?\]\s*)?", "", first_line)
+
+
+def _too_high(vocab_size: int, model_type: str, largest: int) -> str:
+    return (
+        f"vocab_size={vocab_size} is more than this corpus can fill with model_type={model_type}: "
+        f"the largest it can fill is {largest}"
+    )

@@ -1,0 +1,7 @@
+"""`vaswani.training`: the library the training scripts stand on, one topic per module.
+
+data (CMUdict G2P + dev split, user data), batching (token-budget batch sampler, collator),
+schedule (learning-rate schedule, optimizer), metrics (WER/PER, BLEU/chrF), checkpoints
+(atomic save, newest valid), time_budget (durations). Import the module you need; this file
+imports nothing so that `import vaswani.training` stays light.
+"""

@@ -1,0 +1,47 @@
+"""Wall-clock budgets for a run: "15m", "90s", "2h", "1h30m", "1.5h" or plain seconds ("600")."""
+
+from __future__ import annotations
+
+import re
+import time
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds in `text`: units h, m, s in that order (each at most once), or a bare number."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        value = str(text).strip().lower().replace(" ", "")
+        try:
+            seconds = float(value)
+        except ValueError:
+            match = _DURATION.match(value)
+            if not value or match is None:
+                raise ValueError(
+                    f"cannot read the duration {text!r}; write e.g. '90s', '15m', '2h', '1h30m' or plain seconds"
+                ) from None
+            hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
+            seconds = hours * 3600 + minutes * 60 + secs
+    if seconds <= 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"the duration {text!r} must be a positive, finite time")
+    return seconds
+
+
+class Deadline:
+    """A budget that started when this object was made; `expired()` once it is used up."""
+
+    def __init__(self, budget: str | float, clock=time.monotonic):
+        self.seconds = parse_duration(budget)
+        self._clock = clock
+        self._start = clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def remaining(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
