@@ -66,6 +66,17 @@ _TO_MARIAN = (
 _LAYER_KEY = re.compile(r"^(model\.(?:encoder|decoder)\.layers\.\d+\.)(.+)$")
 
 
+# Keys that old opus-mt config.json files carry from BART's config and MarianMTModel never reads, with the value
+# that describes what it computes. Another value is reported, and converted as Marian computes it.
+_LEGACY_KEYS = {
+    "normalize_before": False,
+    "add_final_layer_norm": False,
+    "normalize_embedding": False,
+    "static_position_embeddings": True,
+    "add_bias_logits": False,
+}
+
+
 class ConversionError(ValueError):
     """The input is not a checkpoint of the expected kind, or has a feature the other side cannot represent."""
 
@@ -366,17 +377,20 @@ def marian_to_vaswani(src_dir: str | Path, dst_dir: str | Path) -> Path:
     architectures = config_dict.get("architectures") or []
     if any("CausalLM" in name for name in architectures):
         raise ConversionError(f"architectures={architectures}: a decoder-only Marian model, not MarianMTModel")
+    for key, computed in _LEGACY_KEYS.items():
+        if key in config_dict and config_dict[key] != computed:
+            logger.warning("config.json sets %s=%s, which MarianMTModel ignores (it computes %s=%s); converted as "
+                           "MarianMTModel computes it", key, config_dict[key], key, computed)
     config = marian_config_to_vaswani(marian)
     state_dict = marian_state_dict_to_vaswani(_load_state_dict(src), marian)
-    generation_config = _generation_config(src)
-    _prepare_destination(src, dst)
-
     model = VaswaniForConditionalGeneration(config).to(state_dict["model.shared.weight"].dtype)
     try:
         model.load_state_dict(state_dict, strict=True)
     except RuntimeError as error:  # missing tensors or wrong shapes: a checkpoint inconsistent with its config
         raise ConversionError(f"the weights do not fit the config: {error}") from None
-    model.generation_config = generation_config
+    model.generation_config = _generation_config(src)
+
+    _prepare_destination(src, dst)
     model.save_pretrained(dst)
     _copy_tokenizer(src, dst)
     return dst
@@ -399,14 +413,14 @@ def vaswani_to_marian(src_dir: str | Path, dst_dir: str | Path) -> Path:
     _weight_files(src)  # a clear error when there are none
     model = VaswaniForConditionalGeneration.from_pretrained(src)
     state_dict = vaswani_state_dict_to_marian(model.state_dict(), model.config)
-    _prepare_destination(src, dst)
-
     marian_model = MarianMTModel(marian).to(model.dtype)
     result = marian_model.load_state_dict(state_dict, strict=False)
     leftover = [key for key in result.missing_keys if key not in _POSITION_KEYS] + list(result.unexpected_keys)
     if leftover:
         raise ConversionError(f"weights without a place in MarianMTModel: {', '.join(leftover[:5])}")
     marian_model.generation_config = model.generation_config
+
+    _prepare_destination(src, dst)
     marian_model.save_pretrained(dst)
     _copy_tokenizer(src, dst)
     return dst

@@ -1,0 +1,401 @@
+"""vaswani against transformers' MarianMTModel, side by side in one process, on identical weights.
+
+Each comparison alternates the two contenders round by round (A, B, A, B, ...) so that a noisy, shared machine slows
+both alike, and reports medians with min-max. Sizes (from the performance issue):
+- "g2p": d_model 256, 3+3 layers, 4 heads, FFN 1024, vocab 128, batch 256, source 12 / target 10 tokens;
+- "base": the paper's base model with vocab 8000, batch 16, source 64 / target 64 tokens.
+
+Measured: training tokens/s (forward + backward + Adam step; padded and unpadded; eager and sdpa), generation
+tokens/s (64 sentences, 32 new tokens, greedy and beam 5; outputs asserted identical), activation memory of
+forward + backward against source length (batch 1), the fp32 matmul peak of this machine and the model's achieved
+FLOP/s as a fraction of it (MFU), and the ideal step time if every GEMM of the step ran at its own measured rate.
+
+Marian is built with random weights (and a non-zero final logits bias) and converted with `convert_marian`, so
+both models compute the same function; vaswani runs as a user gets it by default (`VaswaniForConditionalGeneration`
+as loaded, and `vaswani.training.speed` applied where the training script and generation apply it).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+from vaswani import VaswaniForConditionalGeneration
+
+from .convert_marian import marian_config_to_vaswani, marian_state_dict_to_vaswani
+
+SIZES = {
+    "g2p": dict(vocab=128, d_model=256, layers=3, heads=4, ffn=1024, batch=256, source=12, target=10),
+    "base": dict(vocab=8000, d_model=512, layers=6, heads=8, ffn=2048, batch=16, source=64, target=64),
+    # for the test suite: the bookkeeping, not the speed
+    "quick": dict(vocab=64, d_model=32, layers=1, heads=2, ffn=64, batch=8, source=6, target=5),
+}
+PAD, EOS, START = 0, 2, 0
+
+
+@dataclass
+class Stat:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stat":
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass
+class Comparison:
+    """One measurement of both contenders: values are rates (higher is better) unless `unit` says seconds."""
+
+    name: str
+    unit: str
+    marian: Stat
+    vaswani: Stat
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.vaswani.median / self.marian.median
+
+
+def build_pair(size: str, dropout: float = 0.1, seed: int = 0) -> tuple[MarianMTModel, VaswaniForConditionalGeneration]:
+    """A random MarianMTModel and the vaswani model converted from it (same weights, same function)."""
+    s = SIZES[size]
+    torch.manual_seed(seed)
+    marian_config = MarianConfig(
+        vocab_size=s["vocab"], decoder_vocab_size=s["vocab"], d_model=s["d_model"],
+        encoder_layers=s["layers"], decoder_layers=s["layers"],
+        encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"],
+        encoder_ffn_dim=s["ffn"], decoder_ffn_dim=s["ffn"], activation_function="relu",
+        dropout=dropout, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
+        max_position_embeddings=4096 + 64, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=START,
+        forced_eos_token_id=None, bos_token_id=None,
+    )
+    marian = MarianMTModel(marian_config)
+    with torch.no_grad():
+        marian.final_logits_bias.normal_(0, 0.5)
+    vaswani = VaswaniForConditionalGeneration(marian_config_to_vaswani(marian_config))
+    vaswani.load_state_dict(marian_state_dict_to_vaswani(marian.state_dict(), marian_config), strict=True)
+    return marian, vaswani
+
+
+def make_batch(size: str, padded: bool, seed: int = 0) -> dict:
+    s = SIZES[size]
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, s["vocab"], (s["batch"], s["source"]), generator=g)
+    labels = torch.randint(3, s["vocab"], (s["batch"], s["target"]), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    decoder_attention_mask = torch.ones_like(labels)
+    if padded:  # lengths from half to full, independently on both sides
+        for row in range(1, s["batch"]):
+            attention_mask[row, int(torch.randint(s["source"] // 2, s["source"] + 1, (), generator=g)):] = 0
+            decoder_attention_mask[row, int(torch.randint(s["target"] // 2, s["target"] + 1, (), generator=g)):] = 0
+    return dict(
+        input_ids=input_ids.masked_fill(attention_mask == 0, PAD),
+        attention_mask=attention_mask,
+        labels=labels.masked_fill(decoder_attention_mask == 0, -100),
+        decoder_attention_mask=decoder_attention_mask,
+    )
+
+
+def _alternate(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Runs each contender once per round, in alternating order, and collects what each returns."""
+    results = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            results[name].append(contenders[name]())
+    return results
+
+
+def _train_step_fn(model, batch: dict, steps: int) -> Callable[[], float]:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
+    model.train()
+    tokens = int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
+
+    def one_step():
+        optimizer.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        optimizer.step()
+
+    one_step()  # warm-up (allocations, lazy inits, compilation)
+    one_step()
+
+    def run() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            one_step()
+        return tokens * steps / (time.perf_counter() - start)
+
+    return run
+
+
+def compare_training(size: str, attn: str, padded: bool, rounds: int, steps: int,
+                     prepare_vaswani: Callable | None = None) -> Comparison:
+    marian, vaswani = build_pair(size)
+    for model in (marian, vaswani):
+        model.set_attn_implementation(attn)
+    if prepare_vaswani is not None:
+        vaswani = prepare_vaswani(vaswani)
+    batch = make_batch(size, padded)
+    rates = _alternate(
+        {"marian": _train_step_fn(marian, batch, steps), "vaswani": _train_step_fn(vaswani, batch, steps)}, rounds
+    )
+    return Comparison(f"train {size} {attn} {'padded' if padded else 'unpadded'}", "tokens/s",
+                      Stat.of(rates["marian"]), Stat.of(rates["vaswani"]))
+
+
+def compare_generation(size: str, attn: str, num_beams: int, rounds: int, sentences: int = 64,
+                       new_tokens: int = 32) -> Comparison:
+    marian, vaswani = build_pair(size, dropout=0.0)
+    s = SIZES[size]
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, s["vocab"], (sentences, s["source"]), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    for row in range(1, sentences):
+        attention_mask[row, int(torch.randint(s["source"] // 2, s["source"] + 1, (), generator=g)):] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=num_beams, do_sample=False,
+        decoder_start_token_id=START, pad_token_id=PAD, eos_token_id=EOS,
+    )
+    outputs = {}
+
+    def runner(name, model):
+        model.eval().set_attn_implementation(attn)
+
+        def run() -> float:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                outputs[name] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                               generation_config=config)
+            return sentences * new_tokens / (time.perf_counter() - start)
+
+        run()  # warm-up
+        return run
+
+    rates = _alternate({"marian": runner("marian", marian), "vaswani": runner("vaswani", vaswani)}, rounds)
+    same = torch.equal(outputs["marian"], outputs["vaswani"])
+    if not same:
+        raise AssertionError(f"generation differs between Marian and vaswani ({size}, {attn}, beams {num_beams})")
+    return Comparison(f"generate {size} {attn} {'greedy' if num_beams == 1 else f'beam {num_beams}'}",
+                      "tokens/s", Stat.of(rates["marian"]), Stat.of(rates["vaswani"]), {"identical_outputs": same})
+
+
+def activation_bytes(model, batch: dict) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one forward: the memory that grows with
+    sequence length (parameters, gradients and optimizer state don't). Exact and independent of machine noise."""
+    seen: dict[int, int] = {}
+
+    def pack(tensor):
+        if tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**batch).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(n for ptr, n in seen.items() if ptr not in parameters)
+
+
+def compare_memory(size: str, lengths: list[int]) -> list[dict]:
+    """Activation memory (MiB) of forward + backward, batch 1, source of each length, target 32 tokens."""
+    marian, vaswani = build_pair(size, dropout=0.0)
+    vocab = SIZES[size]["vocab"]
+    rows = []
+    for attn in ("eager", "sdpa"):
+        for model in (marian, vaswani):
+            model.set_attn_implementation(attn)
+        for length in lengths:
+            batch = dict(input_ids=torch.randint(3, vocab, (1, length)), labels=torch.randint(3, vocab, (1, 32)))
+            rows.append(dict(attn=attn, source_length=length,
+                             marian_mib=activation_bytes(marian, batch) / 2**20,
+                             vaswani_mib=activation_bytes(vaswani, batch) / 2**20))
+    return rows
+
+
+def growth_exponent(rows: list[dict], attn: str, key: str) -> float:
+    """log2 of the memory ratio over the last doubling of source length (1.0 = linear, 2.0 = quadratic)."""
+    picked = sorted((r["source_length"], r[key]) for r in rows if r["attn"] == attn)
+    (n1, m1), (n2, m2) = picked[-2], picked[-1]
+    import math
+
+    return math.log(m2 / m1) / math.log(n2 / n1)
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _linear_shapes(size: str) -> list[tuple[int, int, int, int]]:
+    """(rows, in, out, count) of every Linear of one training step's forward (unpadded batch)."""
+    s = SIZES[size]
+    src, tgt, d, f = s["batch"] * s["source"], s["batch"] * s["target"], s["d_model"], s["ffn"]
+    return [
+        (src, d, d, 4 * s["layers"]),  # encoder q, k, v, o
+        (src, d, f, s["layers"]), (src, f, d, s["layers"]),  # encoder FFN
+        (tgt, d, d, 4 * s["layers"]),  # decoder self q, k, v, o
+        (tgt, d, d, 2 * s["layers"]), (src, d, d, 2 * s["layers"]),  # cross q, o (target) and k, v (source)
+        (tgt, d, f, s["layers"]), (tgt, f, d, s["layers"]),  # decoder FFN
+        (tgt, d, s["vocab"], 1),  # output projection
+    ]
+
+
+def step_flops(size: str) -> float:
+    """FLOPs of one training step: 3x the forward's GEMMs (forward, and two for backward) plus attention."""
+    s = SIZES[size]
+    gemm = sum(2 * m * k * n * c for m, k, n, c in _linear_shapes(size))
+    d, b, S, T, L = s["d_model"], s["batch"], s["source"], s["target"], s["layers"]
+    attention = 2 * 2 * b * d * L * (S * S + T * T + T * S)  # scores and weighted sum, per stack
+    return 3 * (gemm + attention)
+
+
+def ideal_step_seconds(size: str, repeats: int = 3) -> float:
+    """The step's GEMMs (forward, input-gradient and weight-gradient shapes) each timed at its own rate."""
+    total = 0.0
+    for m, k, n, count in _linear_shapes(size):
+        for shape in ((m, k, n), (m, n, k), (k, m, n)):  # y = x W^T; dx = dy W; dW = dy^T x
+            a, b = torch.randn(shape[0], shape[1]), torch.randn(shape[1], shape[2])
+            a @ b
+            best = min(_timed(lambda: a @ b) for _ in range(repeats))
+            total += best * count
+    return total
+
+
+def _timed(fn: Callable) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: int, memory_lengths: list[int],
+                  memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = print) -> dict:
+    peak = matmul_peak_gflops(512 if "quick" in sizes else 2048)
+    log(f"fp32 matmul peak: {peak:.1f} GFLOP/s on {torch.get_num_threads()} threads")
+    comparisons: list[Comparison] = []
+    efficiency = {}
+    for size in sizes:
+        for attn in ("eager", "sdpa"):
+            for padded in (False, True):
+                c = compare_training(size, attn, padded, rounds, steps, prepare_vaswani)
+                comparisons.append(c)
+                log(format_row(c))
+        flops = step_flops(size)
+        tokens = SIZES[size]["batch"] * (SIZES[size]["source"] + SIZES[size]["target"])
+        unpadded_sdpa = next(c for c in comparisons if c.name == f"train {size} sdpa unpadded")
+        ideal = ideal_step_seconds(size)
+        efficiency[size] = {
+            "step_gflop": flops / 1e9,
+            "ideal_step_s_at_own_gemm_rates": ideal,
+            "marian_step_s": tokens / unpadded_sdpa.marian.median,
+            "vaswani_step_s": tokens / unpadded_sdpa.vaswani.median,
+            "marian_mfu": flops / (tokens / unpadded_sdpa.marian.median) / (peak * 1e9),
+            "vaswani_mfu": flops / (tokens / unpadded_sdpa.vaswani.median) / (peak * 1e9),
+        }
+        log(f"{size}: MFU (sdpa, unpadded) Marian {efficiency[size]['marian_mfu']:.0%}, "
+            f"vaswani {efficiency[size]['vaswani_mfu']:.0%}; ideal step at own GEMM rates {ideal * 1e3:.0f} ms")
+        for attn in ("sdpa",):
+            for beams in (1, 5):
+                c = compare_generation(size, attn, beams, generation_rounds)
+                comparisons.append(c)
+                log(format_row(c))
+    memory = compare_memory(memory_size, memory_lengths)
+    for attn in ("eager", "sdpa"):
+        log(f"memory {memory_size} {attn}: " + ", ".join(
+            f"{r['source_length']}: Marian {r['marian_mib']:.0f} / vaswani {r['vaswani_mib']:.0f} MiB"
+            for r in memory if r["attn"] == attn))
+    return {
+        "machine": machine_description(peak),
+        "comparisons": [
+            dict(name=c.name, unit=c.unit, ratio=c.ratio, marian=c.marian.__dict__, vaswani=c.vaswani.__dict__,
+                 **c.extra)
+            for c in comparisons
+        ],
+        "efficiency": efficiency,
+        "memory": memory,
+        "memory_growth_exponent": {
+            f"{attn}_{who}": growth_exponent(memory, attn, f"{who}_mib")
+            for attn in ("eager", "sdpa") for who in ("marian", "vaswani")
+        },
+    }
+
+
+def machine_description(peak_gflops: float) -> dict:
+    import os
+    import platform
+
+    model_name = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model_name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return dict(cpu=model_name, cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
+                matmul_peak_gflops=peak_gflops)
+
+
+def format_row(c: Comparison) -> str:
+    return (f"{c.name:<34} Marian {c.marian.median:>9.0f} [{c.marian.low:.0f}-{c.marian.high:.0f}]  "
+            f"vaswani {c.vaswani.median:>9.0f} [{c.vaswani.low:.0f}-{c.vaswani.high:.0f}] {c.unit}  "
+            f"x{c.ratio:.2f}")
+
+
+def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
+    """results.json, a markdown table and a PNG plot (ratios, and memory against source length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = ["| measurement | Marian | vaswani | vaswani / Marian |", "|---|---|---|---|"]
+    for c in results["comparisons"]:
+        m, v = c["marian"], c["vaswani"]
+        lines.append(f"| {c['name']} ({c['unit']}) | {m['median']:.0f} [{m['low']:.0f}-{m['high']:.0f}] | "
+                     f"{v['median']:.0f} [{v['low']:.0f}-{v['high']:.0f}] | {c['ratio']:.2f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    names = [c["name"] for c in results["comparisons"]]
+    left.barh(names, [c["ratio"] for c in results["comparisons"]], color="tab:blue")
+    left.axvline(1.0, color="black", linewidth=1)
+    left.set_xlabel("vaswani / Marian (median, higher is better)")
+    left.invert_yaxis()
+    for attn, style in (("eager", "--"), ("sdpa", "-")):
+        rows = [r for r in results["memory"] if r["attn"] == attn]
+        lengths = [r["source_length"] for r in rows]
+        right.plot(lengths, [r["marian_mib"] for r in rows], style, marker="o", label=f"Marian {attn}")
+        right.plot(lengths, [r["vaswani_mib"] for r in rows], style, marker="s", label=f"vaswani {attn}")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log", base=2)
+    right.set_xlabel("source length (batch 1)")
+    right.set_ylabel("activation memory, forward + backward (MiB)")
+    right.legend()
+    fig.suptitle(f"{results['machine']['cpu']}, {results['machine']['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(out / "results.png", dpi=110)
+    plt.close(fig)
+    return [out / "results.json", out / "results.md", out / "results.png"]
