@@ -35,6 +35,11 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill_(shifted == -100, pad_token_id)
 
 
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    # F.dropout with p=0 still runs a kernel in training mode; skipping it is free speed.
+    return F.dropout(x, p=p, training=True) if training and p > 0 else x
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -55,7 +60,7 @@ def eager_attention_forward(
         causal = causal.tril(key.shape[2] - query.shape[2])
         scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
+    weights = _dropout(weights, dropout, module.training)
     out = torch.matmul(weights, value)
     return out.transpose(1, 2).contiguous(), weights
 
@@ -102,9 +107,28 @@ class VaswaniAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.o_proj = nn.Linear(config.d_model, config.d_model)
+        self._fused_cache: dict = {}  # not state: rebuilt from the parameters when they change
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def _fused_projection(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+        """Several projections of the same input as one GEMM. The parameters stay separate (checkpoints, the Marian
+        converter); their concatenation is rebuilt while training (autograd flows through it) and cached otherwise,
+        keyed by the parameters' version counters, which every in-place update bumps."""
+        weights = [p.weight for p in projections]
+        biases = [p.bias for p in projections]
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            weight, bias = torch.cat(weights), torch.cat(biases)
+        else:
+            key = tuple((t.data_ptr(), t._version) for t in (*weights, *biases))
+            cached = self._fused_cache.get(len(projections))
+            if cached is None or cached[0] != key:
+                with torch.no_grad():
+                    cached = (key, torch.cat(weights), torch.cat(biases))
+                self._fused_cache[len(projections)] = cached
+            weight, bias = cached[1], cached[2]
+        return F.linear(x, weight, bias).chunk(len(projections), dim=-1)
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -116,19 +140,23 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         is_cross = key_value_states is not None
-        query = self._split_heads(self.q_proj(hidden_states))
-
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
             layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+
+        if not is_cross:
+            query, key, value = map(
+                self._split_heads, self._fused_projection(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+            )
+        else:
+            query = self._split_heads(self.q_proj(hidden_states))
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
             # Cross-attention keys/values depend only on the encoder output: computed once per generate.
             key = layer_cache.layers[self.layer_idx].keys
             value = layer_cache.layers[self.layer_idx].values
         else:
-            source = key_value_states if is_cross else hidden_states
-            key = self._split_heads(self.k_proj(source))
-            value = self._split_heads(self.v_proj(source))
+            if is_cross:
+                key, value = map(self._split_heads, self._fused_projection(key_value_states, (self.k_proj, self.v_proj)))
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross:
@@ -164,7 +192,7 @@ class VaswaniFeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = _dropout(hidden_states, self.activation_dropout, self.training)
         return self.fc2(hidden_states)
 
 
@@ -174,9 +202,9 @@ class _SublayerMixin:
     def _residual(self, norm: nn.LayerNorm, hidden_states: torch.Tensor, sublayer: Callable) -> torch.Tensor:
         if self.normalize_before:
             branch = sublayer(norm(hidden_states))
-            return hidden_states + F.dropout(branch, p=self.dropout, training=self.training)
+            return hidden_states + _dropout(branch, self.dropout, self.training)
         branch = sublayer(hidden_states)
-        return norm(hidden_states + F.dropout(branch, p=self.dropout, training=self.training))
+        return norm(hidden_states + _dropout(branch, self.dropout, self.training))
 
 
 class VaswaniEncoderLayer(_SublayerMixin, GradientCheckpointingLayer):
@@ -312,7 +340,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         inputs_embeds = inputs_embeds * self.embed_scale
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
         hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
         attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -373,7 +401,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         past_length = cache.get_seq_length() if cache is not None else 0
         positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
         hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
         causal_mask = create_causal_mask(
             config=self.config,
@@ -510,6 +538,17 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             new[:, : min(size, old.shape[1])] = old[:, :size]
             self.final_logits_bias = new
         return embeddings
+
+    @staticmethod
+    def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search: reorder the self-attention cache only. Beams never move across sentences, and all beams of a
+        sentence hold the same cross-attention keys/values, so reordering those (a copy of every layer's encoder
+        keys and values at every step) would change nothing."""
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

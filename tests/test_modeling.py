@@ -176,13 +176,14 @@ def test_incremental_decoding_with_cache_equals_full_forward(tiny_config, attn):
 def test_cross_attention_keys_computed_once_per_generate(tiny_config):
     model = make_model(tiny_config)
     calls = []
-    hook = model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(lambda *a: calls.append(1))
+    cross = model.model.decoder.layers[0].encoder_attn
+    project = cross._fused_projection
+    cross._fused_projection = lambda x, projections: calls.append(x.shape) or project(x, projections)
     batch = padded_batch(5)
     model.generate(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5, min_new_tokens=5
     )
-    hook.remove()
-    assert len(calls) == 1
+    assert calls == [torch.Size([4, 9, 16])]  # once, over the encoder output
 
 
 def test_past_key_values_still_accepted(tiny_config):
@@ -540,3 +541,39 @@ def test_scale_embedding_multiplies_by_sqrt_d_model(tiny_config):
     positions = model.model.encoder.embed_positions(torch.arange(3), torch.float32)
     expected = model.model.shared(ids) * math.sqrt(16) + positions
     assert torch.allclose(seen[0], expected, atol=1e-6)
+
+
+def test_fused_projection_equals_separate_projections_and_follows_updates(tiny_config):
+    model = make_model(tiny_config)
+    attention = model.model.encoder.layers[0].self_attn
+    x = torch.randn(2, 5, 16)
+    separate = lambda: [p(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)]  # noqa: E731
+    with torch.no_grad():
+        for got, expected in zip(attention._fused_projection(x, (attention.q_proj, attention.k_proj,
+                                                                 attention.v_proj)), separate()):
+            assert torch.allclose(got, expected, atol=1e-6)
+        attention.k_proj.weight.add_(1.0)  # an in-place update, as an optimizer makes: the cached fusion must follow
+        fused = attention._fused_projection(x, (attention.q_proj, attention.k_proj, attention.v_proj))
+        assert torch.allclose(fused[1], separate()[1], atol=1e-5)
+    # while training, gradients reach the separate parameters
+    model.train()
+    sum(t.sum() for t in attention._fused_projection(x, (attention.q_proj, attention.k_proj))).backward()
+    assert attention.q_proj.weight.grad is not None and attention.k_proj.weight.grad is not None
+
+
+def test_beam_search_leaves_the_cross_attention_cache_alone(tiny_config):
+    """Skipping the cross-attention reorder is exact: compare with a model that reorders everything."""
+    model = make_model(tiny_config, seed=4)
+    batch = padded_batch(20)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=8,
+                  num_beams=4, num_return_sequences=4, output_scores=True, return_dict_in_generate=True)
+    ours = model.generate(**inputs)
+
+    def reorder_everything(cache, beam_idx):
+        cache.reorder_cache(beam_idx)
+        return cache
+
+    model._reorder_cache = reorder_everything
+    reference = model.generate(**inputs)
+    assert torch.equal(ours.sequences, reference.sequences)
+    assert torch.equal(ours.sequences_scores, reference.sequences_scores)
