@@ -338,8 +338,8 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
-        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
-        hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
+        positions = self.embed_positions.range(0, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device)
+        hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
         attention_mask = create_bidirectional_mask(
@@ -399,8 +399,10 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = cache.get_seq_length() if cache is not None else 0
-        positions = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
-        hidden_states = inputs_embeds + self.embed_positions(positions, inputs_embeds.dtype)
+        positions = self.embed_positions.range(
+            past_length, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device
+        )
+        hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
         causal_mask = create_causal_mask(

@@ -21,6 +21,20 @@ class SinusoidalPositions(nn.Module):
             raise ValueError(f"d_model={d_model} must be even for sinusoidal positions")
         self.d_model = d_model
         self.layout = layout
+        # Encodings of positions 0..n-1 per (device, dtype), grown on demand: a plain attribute, not a buffer, so
+        # it is never saved, loaded or re-initialised (and always equals the formula).
+        self._tables: dict = {}
+
+    def range(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Encodings of positions start .. start+length-1 as (length, d_model): a slice of the cached table, so
+        that decoding step by step does not recompute the sines."""
+        key = (torch.device(device), dtype)
+        table = self._tables.get(key)
+        if table is None or table.shape[0] < start + length:
+            size = max(64, 2 * (start + length), 0 if table is None else 2 * table.shape[0])
+            table = self(torch.arange(size, device=device), dtype)
+            self._tables[key] = table
+        return table[start : start + length]
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """position_ids: integer tensor (..., T). Returns (..., T, d_model) in `dtype`."""

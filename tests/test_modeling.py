@@ -268,10 +268,22 @@ def test_source_three_times_max_position_embeddings(tiny_config):
 def test_decoder_positions_continue_from_cache_length(tiny_config):
     model = make_model(tiny_config)
     seen = []
-    hook = model.model.decoder.embed_positions.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    positions = model.model.decoder.embed_positions
+    lookup = positions.range
+    positions.range = lambda start, length, *args: seen.append((start, length)) or lookup(start, length, *args)
     model.generate(input_ids=torch.randint(4, VOCAB, (1, 5)), max_new_tokens=3, min_new_tokens=3)
-    hook.remove()
-    assert [p.tolist() for p in seen] == [[0], [1], [2]]
+    assert seen == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_cached_position_table_equals_the_formula_as_it_grows(tiny_config):
+    positions = SinusoidalPositions(16, "sinusoidal_split")
+    for start, length in [(0, 3), (60, 10), (1000, 5), (5, 2)]:
+        expected = positions(torch.arange(start, start + length), torch.float32)
+        assert torch.equal(positions.range(start, length, torch.float32, torch.device("cpu")), expected)
+    model = make_model(tiny_config)
+    model.init_weights()  # re-initialising the model cannot touch computed positions
+    table = model.model.encoder.embed_positions.range(0, 8, torch.float64, torch.device("cpu"))
+    assert table[3, 1].item() == pytest.approx(math.cos(3.0), abs=1e-12)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
