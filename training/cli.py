@@ -1,0 +1,302 @@
+"""The command line of `scripts/train.py`: arguments -> data, tokenizer, config -> `loop.train` -> the model folder.
+
+With no arguments it trains the default G2P model on the shipped CMUdict split. Model hyperparameters come
+from the config only (`--preset` plus `--config_overrides`); the other flags say how to train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .data import DEFAULT_DEV_PERCENT
+from .loop import CHECKPOINT_DIR, TrainingSettings, settings_dict
+from .time_budget import Deadline, parse_duration
+
+logger = logging.getLogger(__name__)
+
+# Words that are not in the shipped training file (checked by tests/test_training_loop.py), shown after G2P training.
+G2P_NEW_WORDS = ["VASWANI", "HUGGINGFACE", "TOKENIZER", "PYTORCH", "SMARTPHONE", "SELFIE", "PODCAST", "WIKIPEDIA"]
+
+# Defaults of the main job (2-core CPU, 15 minutes): see the README for the measured figures.
+DEFAULTS = {
+    # d_model 128 (FFN 512) instead of the preset's 256, no dropout: on 2 CPU cores the run sees ~3 epochs in
+    # 15 minutes, too few to overfit; beam 4 costs ~20 s on the 5.4k dev words at the end.
+    "g2p": dict(preset="g2p", config_overrides="d_model=128,encoder_ffn_dim=512,decoder_ffn_dim=512,dropout=0.0",
+                max_tokens=1500, lr=2e-3, warmup_steps=400, eval_every=300, save_every=600, max_steps=30000,
+                num_beams=4),
+    "translation": dict(preset="base", config_overrides="", max_tokens=4096, lr=7e-4, warmup_steps=4000,
+                        eval_every=1000, save_every=1000, max_steps=100000, num_beams=4),
+}
+
+
+def parse_overrides(text: str) -> dict:
+    """"d_model=128,encoder_layers=2,normalize_before=true" -> {"d_model": 128, ...}."""
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--config_overrides: {item!r} is not key=value")
+        value = value.strip()
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            parsed = lowered == "true"
+        elif lowered in ("none", "null"):
+            parsed = None
+        else:
+            try:
+                parsed = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                parsed = value
+        overrides[key.strip()] = parsed
+    return overrides
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train a vaswani encoder-decoder Transformer. With no arguments: the default grapheme-to-phoneme "
+                    "model on the shipped CMUdict split. Under `torchrun`/`accelerate launch` it trains data-parallel.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    d = p.add_argument_group("data")
+    d.add_argument("--task", choices=("g2p", "translation"), default=None,
+                   help="g2p (WORD<TAB>PHONEMES files, WER/PER) or translation (any text pairs, BLEU/chrF); "
+                        "default: g2p without --train_file, translation with it")
+    d.add_argument("--train_file", help="training data: .tsv/.csv (with header) or .jsonl; for --task g2p a "
+                                        "WORD<TAB>PHONEMES file. Default: data/cmudict-g2p/g014b2b.train.tsv")
+    d.add_argument("--validation_file", help="dev data in the same format; default: carved from the training file")
+    d.add_argument("--source_column", default="source")
+    d.add_argument("--target_column", default="target")
+    d.add_argument("--dev_percent", type=int, default=DEFAULT_DEV_PERCENT,
+                   help="without --validation_file: percent of sources (by crc32) held out as dev set")
+    d.add_argument("--tokenizer", help="an existing tokenizer folder; default: train one on the training data")
+    d.add_argument("--tokenizer_vocab_size", type=int, help="vocabulary of a newly trained tokenizer "
+                                                            "(default: every symbol for g2p, 8000 otherwise)")
+    d.add_argument("--tokenizer_model_type", choices=("unigram", "bpe", "char", "word"))
+    m = p.add_argument_group("model (the config is the single source of truth)")
+    m.add_argument("--preset", choices=("tiny", "g2p", "base", "big"), help="config preset (default: g2p or base)")
+    m.add_argument("--config_overrides", default=None, help="config fields, e.g. d_model=128,encoder_layers=2,dropout=0.2")
+    m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
+    m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"))
+    t = p.add_argument_group("training")
+    t.add_argument("--output_dir", default="outputs/g2p", help="checkpoints, logs and the final model folder")
+    t.add_argument("--max_steps", type=int, help="optimizer updates (default: 30000 g2p, 100000 translation)")
+    t.add_argument("--max_epochs", type=int)
+    t.add_argument("--time_budget", help="wall-clock limit including the final evaluation, e.g. 15m, 1h30m, 900")
+    t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in output_dir")
+    t.add_argument("--max_tokens", type=int, help="padded tokens per micro-batch and process (default: 1500 g2p)")
+    t.add_argument("--grad_accum", type=int, default=1)
+    t.add_argument("--lr", type=float, help="peak learning rate after warmup (inverse square root decay after)")
+    t.add_argument("--warmup_steps", type=int)
+    t.add_argument("--weight_decay", type=float, default=0.0)
+    t.add_argument("--clip_norm", type=float, default=1.0, help="gradient norm clipping; 0 disables")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
+    t.add_argument("--cpu", action="store_true", help="force CPU (multi-process CPU runs need it, set by default "
+                                                      "when no GPU is present)")
+    e = p.add_argument_group("evaluation, checkpoints, logging")
+    e.add_argument("--eval_every", type=int, help="updates between evaluations (0: only at the end)")
+    e.add_argument("--eval_subset", type=int, default=500, help="dev sources used during training (0: all); the "
+                                                                 "final evaluation uses all")
+    e.add_argument("--eval_batch_size", type=int, default=512, help="sources per generate call")
+    e.add_argument("--num_beams", type=int, help="beam size of the final evaluation and the saved generation "
+                                                "config (default 4)")
+    e.add_argument("--save_every", type=int, help="updates between checkpoints (0: only at the end)")
+    e.add_argument("--keep_last", type=int, default=2, help="checkpoints kept")
+    e.add_argument("--log_every", type=int, default=20)
+    e.add_argument("--no_progress_bar", action="store_true")
+    e.add_argument("--no_tensorboard", action="store_true")
+    e.add_argument("--show", nargs="*", help="sources to translate at the end (default for g2p: a few new words)")
+    h = p.add_argument_group("hub")
+    h.add_argument("--push_to_hub", action="store_true", help="upload the model folder (needs --hub_model_id)")
+    h.add_argument("--hub_model_id", help="e.g. your-name/vaswani-g2p")
+    h.add_argument("--hub_private", action="store_true")
+    h.add_argument("--license", default="apache-2.0", help="license of the trained model (model card)")
+    return p
+
+
+def _check_args(parser: argparse.ArgumentParser, args) -> None:
+    for name in ("train_file", "validation_file"):
+        path = getattr(args, name)
+        if path and Path(path).suffix and not Path(path).is_file():
+            parser.error(f"--{name} {path!r} does not exist")
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        parser.error(f"--tokenizer {args.tokenizer!r} is not a folder (a saved tokenizer is a folder with spm.model)")
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id (e.g. your-name/vaswani-g2p)")
+    if args.time_budget is not None:
+        try:
+            parse_duration(args.time_budget)
+        except ValueError as error:
+            parser.error(f"--time_budget: {error}")
+    if not 0 <= args.label_smoothing < 1:
+        parser.error(f"--label_smoothing {args.label_smoothing} must be in [0, 1)")
+    try:
+        args.overrides = parse_overrides(args.config_overrides)
+    except ValueError as error:
+        parser.error(str(error))
+    if "label_smoothing" in args.overrides:
+        parser.error("set label smoothing with --label_smoothing, not --config_overrides")
+    if "vocab_size" in args.overrides:
+        parser.error("vocab_size comes from the tokenizer; do not override it")
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.task = args.task or ("translation" if args.train_file else "g2p")
+    defaults = dict(DEFAULTS[args.task])
+    if args.preset is not None:  # the default overrides belong to the default preset
+        defaults["config_overrides"] = ""
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    _check_args(parser, args)
+    return args
+
+
+def make_settings(args) -> TrainingSettings:
+    return TrainingSettings(
+        output_dir=args.output_dir, max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget,
+        max_tokens=args.max_tokens, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        grad_accum=args.grad_accum, clip_norm=args.clip_norm, eval_every=args.eval_every, eval_subset=args.eval_subset,
+        eval_batch_size=args.eval_batch_size, num_beams=args.num_beams, save_every=args.save_every,
+        keep_last=args.keep_last, log_every=args.log_every, seed=args.seed, mixed_precision=args.mixed_precision,
+        cpu=args.cpu, resume=args.resume, attn_implementation=args.attn_implementation,
+        progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard,
+    )
+
+
+def _config_for_comparison(config) -> dict:
+    d = config.to_dict()
+    for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype", "auto_map"):
+        d.pop(key, None)
+    return d
+
+
+def main(argv=None) -> dict:
+    """Run training as `scripts/train.py` does; returns the metrics written to `<output_dir>/metrics.json`."""
+    args = parse_args(argv)
+    deadline = Deadline(args.time_budget) if args.time_budget is not None else None  # counts data and tokenizer too
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "datasets", "huggingface_hub", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor": tied weights, harmless
+    settings = make_settings(args)
+    settings.validate()
+
+    import torch
+
+    from vaswani import VaswaniConfig, VaswaniTokenizer
+
+    from .export import push_folder, write_model_folder
+    from .loop import make_accelerator, train
+    from .model_card import build_model_card, check_metadata
+    from .tasks import build_tokenizer, load_task_data
+
+    check_metadata(args.license, "text2text-generation")
+    accelerator = make_accelerator(settings)
+    main_process = accelerator.is_main_process
+    output_dir = Path(args.output_dir)
+    state_dir = output_dir / CHECKPOINT_DIR
+    try:
+        data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column,
+                              args.target_column, args.dev_percent)
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
+    accelerator.print(data.description)
+
+    # The tokenizer: given, saved by the run being resumed, or trained now (once, on the main process).
+    saved_tokenizer = state_dir / "tokenizer"
+    if args.tokenizer:
+        tokenizer_dir = Path(args.tokenizer)
+    elif args.resume and (saved_tokenizer / "tokenizer_config.json").is_file():
+        tokenizer_dir = saved_tokenizer
+    else:
+        tokenizer_dir = saved_tokenizer
+        if main_process:
+            if any(state_dir.glob("checkpoint-*")) and not args.resume:
+                raise SystemExit(f"train.py: error: {state_dir} already holds checkpoints; pass --resume to continue "
+                                 "that run, or choose another --output_dir")
+            build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
+    accelerator.wait_for_everyone()
+    tokenizer = VaswaniTokenizer.from_pretrained(tokenizer_dir)
+
+    try:
+        config = VaswaniConfig.from_preset(args.preset, **{**args.overrides, "vocab_size": len(tokenizer),
+                                                           "label_smoothing": args.label_smoothing})
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"train.py: error: bad model config: {error}") from None
+    saved_config = state_dir / "config.json"
+    if args.resume and saved_config.is_file():
+        before = _config_for_comparison(VaswaniConfig.from_pretrained(state_dir))
+        if before != _config_for_comparison(config):
+            changed = sorted(k for k in set(before) | set(_config_for_comparison(config))
+                             if before.get(k) != _config_for_comparison(config).get(k))
+            raise SystemExit(f"train.py: error: --resume with a different model config ({', '.join(changed)}); "
+                             "use the same --preset/--config_overrides as the run being resumed")
+    if main_process:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(state_dir)
+        (output_dir / "training_args.json").write_text(json.dumps(vars(args), indent=1, default=str), encoding="utf-8")
+    accelerator.print(f"model: preset {args.preset}, {json.dumps(args.overrides)}; vocab {len(tokenizer)}; "
+                      f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, "
+                      f"{torch.get_num_threads()} thread(s) each")
+
+    result = train(config, tokenizer, data, settings, accelerator, deadline=deadline)
+
+    metrics = {}
+    if main_process:
+        from .evaluation import generate_texts
+
+        model = result.model
+        show = args.show if args.show is not None else (G2P_NEW_WORDS if data.task == "g2p" else data.dev_sources[:5])
+        outputs = generate_texts(model, tokenizer, show) if show else []
+        dev = {k: v for k, v in result.dev.items() if k != "predictions"}
+        dev["max_length"] = model.generation_config.max_length
+        dev["num_parameters"] = sum(p.numel() for p in model.parameters())
+        metrics = {"task": data.task, "dev": dev, "best_step": result.best_step, "steps": result.step,
+                   "epochs_completed": result.epoch, "stopped_by": result.stopped_by,
+                   "train_seconds": round(result.train_seconds, 1),
+                   "target_tokens_per_second": round(result.target_tokens_per_second, 1),
+                   "num_processes": accelerator.num_processes, "history": result.history,
+                   "examples": dict(zip(show, outputs))}
+        n_settings = {k: v for k, v in settings_dict(settings).items()
+                      if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
+                               "mixed_precision", "num_beams", "eval_subset")}
+        n_settings.update(num_processes=accelerator.num_processes, optimizer="Adam(0.9, 0.98, eps 1e-9)",
+                          schedule="linear warmup, then inverse square root")
+        summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
+                   f"{result.train_seconds / 60:.1f} minutes on {accelerator.num_processes} process(es) "
+                   f"({accelerator.device.type}), about {result.target_tokens_per_second:.0f} target tokens/s; "
+                   f"the best step by dev {data.metric} on a {settings.eval_subset or 'full'}-source dev subset was kept.")
+        card = build_model_card(
+            task=data.task, model_name=args.hub_model_id.split("/")[-1] if args.hub_model_id else
+            f"vaswani-{data.task}", config=model.config, dev=dev, dev_size=len(data.dev_sources),
+            best_step=result.best_step, data_description=data.description, training_summary=summary,
+            settings=n_settings, repo_id=args.hub_model_id, predictions=list(zip(show, outputs)),
+            examples=show[:3], license=args.license)
+        write_model_folder(output_dir, model, tokenizer, card=card, metrics=metrics)
+        what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if data.task == "g2p" else f"{k} {dev[k]:.2f}"
+                        for k in (("wer", "per") if data.task == "g2p" else ("bleu", "chrf")))
+        print(f"\nDev ({len(data.dev_sources)} {'words' if data.task == 'g2p' else 'sources'}, beam "
+              f"{settings.num_beams}, step {result.best_step}): {what}")
+        for source, output in zip(show, outputs):
+            print(f"  {source:<14} {output}")
+        print(f"Model folder: {output_dir}")
+        if args.push_to_hub:
+            url = push_folder(output_dir, args.hub_model_id, private=args.hub_private)
+            print(f"Pushed to {url}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return metrics
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

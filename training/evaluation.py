@@ -1,0 +1,97 @@
+"""Dev-set evaluation during and after training: dev loss, batched generation, task metrics.
+
+Runs on one process (the main one in a multi-process run; the others wait): the dev sets here
+are small (5.4k G2P words) and generation is the cost, so sharding it would save little and
+add gathers. Inputs are sorted by length and generated in chunks of `batch_size` so that the
+padding stays small; predictions come back in the original order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .batching import Seq2SeqCollator
+from .metrics import bleu, chrf, g2p_scores
+
+
+@torch.no_grad()
+def generate_texts(model, tokenizer, sources: list[str], num_beams: int = 1, max_length: int | None = None,
+                   batch_size: int = 512) -> list[str]:
+    """Decode `sources` with `model.generate` (greedy when num_beams == 1), batched by length."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    encoded = tokenizer(list(sources))["input_ids"]
+    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+    collate = Seq2SeqCollator(tokenizer.pad_token_id)
+    predictions: list[str | None] = [None] * len(sources)
+    kwargs = {"num_beams": num_beams, "do_sample": False}
+    if max_length is not None:
+        kwargs["max_length"] = max_length
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = collate([{"input_ids": encoded[i], "labels": [0]} for i in chunk])
+        output = model.generate(input_ids=batch["input_ids"].to(device),
+                                attention_mask=batch["attention_mask"].to(device), **kwargs)
+        for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True)):
+            predictions[i] = " ".join(text.split())
+    model.train(was_training)
+    return predictions
+
+
+@torch.no_grad()
+def dev_loss(model, examples: list[dict], pad_token_id: int, max_tokens: int = 8192) -> float:
+    """Token-mean cross-entropy (no label smoothing: a plain NLL, exp() is the perplexity) over `examples`."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    collate = Seq2SeqCollator(pad_token_id)
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    total, tokens, batch = 0.0, 0, []
+
+    def flush(batch):
+        inputs = {k: v.to(device) for k, v in collate([examples[i] for i in batch]).items()}
+        labels = inputs.pop("labels")
+        logits = model(**inputs, labels=labels).logits
+        return (F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum").item(),
+                int((labels != -100).sum()))
+
+    for i in order:
+        width = max(len(examples[i]["input_ids"]), len(examples[i]["labels"]))
+        if batch and width * (len(batch) + 1) > max_tokens:
+            s, n = flush(batch)
+            total, tokens, batch = total + s, tokens + n, []
+        batch.append(i)
+    if batch:
+        s, n = flush(batch)
+        total, tokens = total + s, tokens + n
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+def score(task: str, predictions: list[str], references: list[list[str]]) -> dict[str, float]:
+    """Task metrics in percent: g2p -> wer, per; translation -> bleu, chrf."""
+    if task == "g2p":
+        scores = g2p_scores(predictions, references)
+        return {"wer": 100 * scores.wer, "per": 100 * scores.per}
+    return {"bleu": bleu(predictions, references), "chrf": chrf(predictions, references)}
+
+
+def evaluate(model, tokenizer, task: str, sources: list[str], references: list[list[str]], examples: list[dict],
+             num_beams: int = 1, max_length: int | None = None, batch_size: int = 512) -> dict:
+    """Dev loss, generation metrics and timings for one dev set; `examples` are the encoded (source, reference) pairs."""
+    start = time.perf_counter()
+    loss = dev_loss(model, examples, tokenizer.pad_token_id)
+    loss_seconds = time.perf_counter() - start
+    predictions = generate_texts(model, tokenizer, sources, num_beams=num_beams, max_length=max_length,
+                                 batch_size=batch_size)
+    generate_seconds = time.perf_counter() - start - loss_seconds
+    result = {"loss": loss, "perplexity": math.exp(min(loss, 50)), **score(task, predictions, references),
+              "examples": len(sources), "num_beams": num_beams, "seconds": time.perf_counter() - start,
+              "generate_seconds": generate_seconds}
+    result["predictions"] = predictions
+    return result

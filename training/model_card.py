@@ -1,0 +1,95 @@
+"""The README.md of a trained model: Hub metadata (YAML front matter) plus the filled template `model_card.md`.
+
+The template lives at the repository root (Jinja, rendered by `huggingface_hub.ModelCard.from_template`); the
+front matter comes from `ModelCardData`, so it is valid YAML with `library_name`, `pipeline_tag`, `license`,
+`tags` and a `model-index` holding the measured dev metrics. The Hub validates metadata only on upload, and
+offline `ModelCardData` accepts any string, so `license` and `pipeline_tag` are checked against our own lists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_card.md"
+
+# Hub license identifiers we allow (a subset of https://huggingface.co/docs/hub/repositories-licenses).
+LICENSES = ("apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc-by-4.0", "cc-by-sa-4.0", "cc-by-nc-4.0",
+            "cc0-1.0", "gpl-3.0", "lgpl-3.0", "mpl-2.0", "openrail", "other", "unknown")
+PIPELINE_TAGS = ("text2text-generation", "translation", "summarization")
+_METRIC_NAMES = {"wer": "WER (%)", "per": "PER (%)", "bleu": "BLEU", "chrf": "chrF", "loss": "dev loss (NLL)"}
+
+
+def check_metadata(license: str, pipeline_tag: str) -> None:
+    if license not in LICENSES:
+        raise ValueError(f"license={license!r} is not a Hub license id we accept; choose one of {LICENSES}")
+    if pipeline_tag not in PIPELINE_TAGS:
+        raise ValueError(f"pipeline_tag={pipeline_tag!r} is not accepted; choose one of {PIPELINE_TAGS}")
+
+
+def build_model_card(
+    *,
+    task: str,
+    model_name: str,
+    config,
+    dev: dict,
+    dev_size: int,
+    best_step: int,
+    data_description: str,
+    training_summary: str,
+    settings: dict,
+    repo_id: str | None = None,
+    predictions: list[tuple[str, str]] = (),
+    examples: list[str] = (),
+    license: str = "apache-2.0",
+    pipeline_tag: str = "text2text-generation",
+    template_path: str | Path = TEMPLATE_PATH,
+):
+    """A `huggingface_hub.ModelCard` for a trained model; `.save(path)` writes README.md.
+
+    `dev`: the final evaluation (keys wer/per or bleu/chrf, loss, num_beams); `settings`: training settings to list.
+    """
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    check_metadata(license, pipeline_tag)
+    metric_keys = ("wer", "per") if task == "g2p" else ("bleu", "chrf")
+    dataset_name = "CMUdict g014b2b (dev: 5% of train words by crc32)" if task == "g2p" else data_description.split(":")[0]
+    eval_results = [
+        EvalResult(task_type=pipeline_tag, dataset_type="cmudict" if task == "g2p" else "custom",
+                   dataset_name=dataset_name, dataset_split="dev", metric_type=k, metric_name=_METRIC_NAMES[k],
+                   metric_value=round(float(dev[k]), 2))
+        for k in metric_keys
+    ]
+    tags = ["vaswani", "transformer", "encoder-decoder", "seq2seq"] + (["g2p", "grapheme-to-phoneme", "cmudict"]
+                                                                     if task == "g2p" else [])
+    card_data = ModelCardData(
+        library_name="transformers", pipeline_tag=pipeline_tag, license=license, tags=tags,
+        language=["en"] if task == "g2p" else None, model_name=model_name, eval_results=eval_results,
+        metrics=list(metric_keys),
+    )
+    config_fields = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                     "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
+                     "dropout", "attention_dropout", "activation_dropout", "normalize_before", "scale_embedding",
+                     "tie_word_embeddings", "position_encoding", "label_smoothing")
+    hyperparameters = [(name, getattr(config, name)) for name in config_fields]
+    num_parameters = dev.get("num_parameters")
+    if num_parameters:
+        hyperparameters.append(("parameters", f"{num_parameters:,}"))
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path),
+        task=task,
+        model_name=model_name,
+        repo_id=repo_id or "path/to/this/folder",
+        examples=list(examples) or ["HELLO"],
+        num_beams=dev.get("num_beams", 1),
+        max_length=dev.get("max_length", ""),
+        predictions=list(predictions),
+        data_description=data_description,
+        dev_size=dev_size,
+        best_step=best_step,
+        metrics=[(_METRIC_NAMES[k], f"{dev[k]:.2f}") for k in (*metric_keys, "loss") if k in dev],
+        wer_rounded=round(dev.get("wer", 0)),
+        training_summary=training_summary,
+        hyperparameters=hyperparameters,
+        settings=list(settings.items()),
+    )
