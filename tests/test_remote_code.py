@@ -6,28 +6,14 @@ import sys
 import textwrap
 
 import torch
+from _clean_interpreter import REFUSE_VASWANI
 from safetensors.torch import load_file, save_file
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 
-# Run in a fresh interpreter, from an empty folder, with every `vaswani` import refused (the package is installed in
-# this environment, editable or not, so it has to be blocked rather than merely left off the path).
-CLEAN_LOAD = textwrap.dedent(
+# Runs in a fresh interpreter, from an empty folder, with every `vaswani` import refused.
+CLEAN_LOAD = REFUSE_VASWANI + textwrap.dedent(
     """
-    import sys
-
-    class RefuseVaswani:
-        def find_spec(self, name, path=None, target=None):
-            if name == "vaswani" or name.startswith("vaswani."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)")
-
-    sys.meta_path.insert(0, RefuseVaswani())
-    try:
-        import vaswani  # noqa: F401
-        raise SystemExit("vaswani is importable: the test would prove nothing")
-    except ModuleNotFoundError:
-        pass
-
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForSeq2SeqLM

@@ -1,7 +1,7 @@
 import json
 import os
 import random
-import subprocess
+from _processes import run_group
 import sys
 from pathlib import Path
 
@@ -188,8 +188,8 @@ def test_two_real_processes(tmp_path):
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
     torchrun = Path(sys.executable).with_name("torchrun")
     for _ in range(2):  # a rank can abort at exit after finishing (seen with gloo); judge by the report
-        subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(out)],
-                       env=env, timeout=120, capture_output=True)
+        run_group([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(out)],
+                  timeout=120, env=env, capture_output=True)
         if out.exists():
             break
     report = json.loads(out.read_text())

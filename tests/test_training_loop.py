@@ -18,6 +18,8 @@ from unittest import mock
 
 import pytest
 import torch
+from _clean_interpreter import REFUSE_VASWANI
+from _processes import run_group
 from safetensors.torch import load_file
 
 from vaswani.training import cli
@@ -39,8 +41,7 @@ def _env(tmp_path, **extra):
 
 def _run(args, tmp_path, launcher=(), timeout=240, **env):
     command = [sys.executable, *launcher, str(TRAIN), *args] if launcher else [sys.executable, str(TRAIN), *args]
-    return subprocess.run(command, env=_env(tmp_path, **env), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    return run_group(command, timeout, env=_env(tmp_path, **env), capture_output=True, text=True, cwd=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +120,10 @@ def test_model_card_rejects_unknown_license_and_tag():
         check_metadata("mit", "nonsense")
 
 
-CLEAN_LOAD = textwrap.dedent(
+CLEAN_LOAD = REFUSE_VASWANI + textwrap.dedent(
     """
-    import json, sys
+    import json
 
-    class RefuseVaswani:
-        def find_spec(self, name, path=None, target=None):
-            if name == "vaswani" or name.startswith("vaswani."):
-                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)")
-
-    sys.meta_path.insert(0, RefuseVaswani())
-    try:
-        import vaswani  # noqa: F401
-        raise SystemExit("vaswani is importable: the test would prove nothing")
-    except ModuleNotFoundError:
-        pass
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     folder, words = sys.argv[1], sys.argv[2:]

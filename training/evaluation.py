@@ -15,32 +15,21 @@ import torch
 import torch.nn.functional as F
 
 from .batching import Seq2SeqCollator
+from .generation import generate_lines
 from .metrics import bleu, chrf, g2p_scores
 
 
-@torch.no_grad()
 def generate_texts(model, tokenizer, sources: list[str], num_beams: int = 1, max_length: int | None = None,
                    batch_size: int = 512) -> list[str]:
-    """Decode `sources` with `model.generate` (greedy when num_beams == 1), batched by length."""
+    """Decode `sources` with `model.generate` (greedy when num_beams == 1), batched by length, in input order;
+    `max_length` counts decoder tokens with the start token (None: the model's generation config)."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    encoded = tokenizer(list(sources))["input_ids"]
-    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
-    collate = Seq2SeqCollator(tokenizer.pad_token_id)
-    predictions: list[str | None] = [None] * len(sources)
-    kwargs = {"num_beams": num_beams, "do_sample": False}
-    if max_length is not None:
-        kwargs["max_length"] = max_length
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = collate([{"input_ids": encoded[i], "labels": [0]} for i in chunk])
-        output = model.generate(input_ids=batch["input_ids"].to(device),
-                                attention_mask=batch["attention_mask"].to(device), **kwargs)
-        for i, text in zip(chunk, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            predictions[i] = " ".join(text.split())
-    model.train(was_training)
-    return predictions
+    try:
+        return generate_lines(model, tokenizer, sources, batch_size=batch_size, num_beams=num_beams,
+                              max_length=max_length)
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()

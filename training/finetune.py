@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .data import load_g2p, load_parallel_data
-from .metrics import bleu, chrf, g2p_scores
+from .evaluation import score
 
 TASKS = ("g2p", "translation")
 
@@ -105,10 +105,7 @@ def make_compute_metrics(tokenizer, references: Sequence[Sequence[str]], task: s
         if len(predictions) != len(references):
             raise ValueError(f"{len(predictions)} predictions for {len(references)} eval examples: the eval "
                              "dataset and the references given to make_compute_metrics differ")
-        if task == "g2p":
-            scores = g2p_scores(predictions, references)
-            return {"wer": 100 * scores.wer, "per": 100 * scores.per}
-        return {"bleu": bleu(predictions, references), "chrf": chrf(predictions, references)}
+        return score(task, predictions, references)
 
     return compute_metrics
 

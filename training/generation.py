@@ -71,6 +71,7 @@ def generate_lines(
     num_beams: int = 1,
     max_new_tokens: int | None = None,
     max_source_length: int | None = None,
+    max_length: int | None = None,
 ) -> list[str]:
     """Generate one output string per input line, in input order (greedy when num_beams == 1).
 
@@ -79,6 +80,7 @@ def generate_lines(
     and any newline replaced by a space, so that printing them keeps one output per line.
     max_new_tokens: default the checkpoint's generation config, else 2 x source tokens + 10.
     max_source_length: truncate longer sources (tokens, eos kept); default no truncation.
+    max_length: instead of max_new_tokens, a limit on decoder tokens counting the start token.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -98,15 +100,11 @@ def generate_lines(
             batch_indices = todo[start : start + batch_size]
             batch = tokenizer([lines[i] for i in batch_indices], padding=True, return_tensors="pt", **truncate)
             batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
-            limit = max_new_tokens or _default_max_new_tokens(model, lengths[batch_indices[0]])
-            generated = model.generate(
-                **batch,
-                num_beams=num_beams,
-                do_sample=False,
-                **({"max_new_tokens": limit} if limit else {}),
-            )
+            limit = None if max_length else max_new_tokens or _default_max_new_tokens(model, lengths[batch_indices[0]])
+            lengths_kwargs = {"max_length": max_length} if max_length else {"max_new_tokens": limit} if limit else {}
+            generated = model.generate(**batch, num_beams=num_beams, do_sample=False, **lengths_kwargs)
             for i, ids in zip(batch_indices, generated.tolist()):
-                if max_new_tokens is None and limit is not None:
+                if max_new_tokens is None and max_length is None and limit is not None:
                     # each line's own default limit, so that its output does not depend on its batch
                     # (exact for greedy: a longer run only appends); ids[0] is the decoder start token
                     ids = ids[: 1 + _default_max_new_tokens(model, lengths[i])]
