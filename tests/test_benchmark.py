@@ -1,0 +1,68 @@
+"""The benchmark's bookkeeping (not speed): identical weights, identical outputs, the files it writes."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vaswani.training import benchmark
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+
+def test_pair_computes_the_same_function():
+    marian, vaswani = benchmark.build_pair("quick", dropout=0.0)
+    batch = benchmark.make_batch("quick", padded=True)
+    marian.eval(), vaswani.eval()
+    with torch.no_grad():
+        expected, got = marian(**batch).logits, vaswani(**batch).logits
+    real = batch["decoder_attention_mask"].bool()
+    assert (got[real] - expected[real]).abs().max() <= 1e-5 * expected[real].abs().max()
+    assert marian.final_logits_bias.abs().sum() > 0  # a zero bias would hide a conversion mistake
+
+
+def test_alternate_runs_contenders_in_alternating_order():
+    calls = []
+    results = benchmark._alternate({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 4)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert results == {"a": [1.0] * 4, "b": [2.0] * 4}
+
+
+def test_activation_memory_grows_quadratically_with_eager_attention_only():
+    rows = benchmark.compare_memory("quick", [128, 256, 512])
+    assert benchmark.growth_exponent(rows, "eager", "vaswani_mib") > 1.3
+    assert benchmark.growth_exponent(rows, "sdpa", "vaswani_mib") < 1.1
+    # vaswani saves what Marian saves plus a fixed amount (the fused QKV weights), whatever the length
+    extra = {round(row["vaswani_mib"] - row["marian_mib"], 4) for row in rows}
+    assert len(extra) == 1 and 0 <= extra.pop() < 0.1
+
+
+def test_quick_run_end_to_end(tmp_path):
+    import benchmark as script  # scripts/benchmark.py
+
+    results = script.main(["--quick", "--output_dir", str(tmp_path), "--threads", "1"])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["comparisons"] == json.loads(json.dumps(results["comparisons"]))
+    names = {c["name"] for c in written["comparisons"]}
+    assert "generate quick sdpa greedy" in names and "train quick eager padded" in names
+    assert all(c["identical_outputs"] for c in written["comparisons"] if c["name"].startswith("generate"))
+    assert all(c["marian"]["median"] > 0 and c["vaswani"]["median"] > 0 for c in written["comparisons"])
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| measurement |" in (tmp_path / "results.md").read_text()
+    assert 0 < written["efficiency"]["quick"]["vaswani_mfu"]
+
+
+def test_generation_mismatch_is_an_error(monkeypatch):
+    original = benchmark.build_pair
+
+    def perturbed(size, dropout=0.1, seed=0):
+        marian, vaswani = original(size, dropout, seed)
+        with torch.no_grad():
+            vaswani.final_logits_bias[0, 5] += 100.0  # vaswani now prefers token 5
+        return marian, vaswani
+
+    monkeypatch.setattr(benchmark, "build_pair", perturbed)
+    with pytest.raises(AssertionError, match="generation differs"):
+        benchmark.compare_generation("quick", "sdpa", 1, rounds=1, sentences=4, new_tokens=3)
