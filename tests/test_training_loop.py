@@ -192,7 +192,8 @@ def _tensors(path):
 
 def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tmp_path, caplog):
     common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
-              "--max_steps", "150", "--save_every", "10", "--keep_last", "3", "--eval_every", "0", "--show"]
+              "--max_steps", "150", "--save_every", "10", "--keep_last", "3", "--eval_every", "0", "--ema_decay", "0.9",
+              "--show"]
     straight = tmp_path / "straight"
     result = _run([*common, "--output_dir", str(straight)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -230,8 +231,13 @@ def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tm
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    assert torch.equal(_tensors(straight / "model.safetensors")["model.shared.weight"],
-                       _tensors(killed / "model.safetensors")["model.shared.weight"])
+    # the weight average is restored too, and it is what the folder exports (the only evaluation is at step 150)
+    ema_a = _tensors(straight / "checkpoints" / "checkpoint-150" / "ema.safetensors")
+    ema_b = _tensors(killed / "checkpoints" / "checkpoint-150" / "ema.safetensors")
+    assert ema_a.keys() == ema_b.keys() and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+    exported = _tensors(killed / "model.safetensors")["model.shared.weight"]
+    assert torch.equal(_tensors(straight / "model.safetensors")["model.shared.weight"], exported)
+    assert torch.equal(exported, ema_b["model.shared.weight"]) and not torch.equal(exported, b["model.shared.weight"])
     # dropout was on: the bit-for-bit match would fail if the RNG state were not restored
     assert json.loads((killed / "config.json").read_text())["dropout"] == 0.1
 

@@ -28,6 +28,10 @@ Exact resume (bit-for-bit on CPU; see notes/ecosystem-offline.md section 2):
 - evaluation draws no random numbers (dev loss without dropout, greedy/beam search).
 Checkpoints are saved only at update boundaries, so no half-accumulated gradient is lost.
 
+Weight averaging (`ema_decay` > 0, `vaswani.training.ema`): after every update an exponential moving average of
+the weights is refreshed; it is what evaluations score, what `best` keeps and what the run exports, while training
+continues on the raw weights. Checkpoints hold it as `ema.safetensors`, so resume stays exact.
+
 Evaluation runs on the main process only while the others wait at a barrier: the dev set is a
 few thousand short examples, generation is the cost, and one process keeps the metrics simple.
 During training it uses a fixed subset of the dev set (`eval_subset`) and greedy search; the
@@ -50,6 +54,7 @@ import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
 from .checkpoints import latest_valid_checkpoint, save_checkpoint
+from .ema import WeightEMA
 from .evaluation import evaluate
 from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
@@ -88,6 +93,7 @@ class TrainingSettings:
     cpu: bool = False
     resume: bool = False
     attn_implementation: str | None = None
+    ema_decay: float = 0.0  # > 0: evaluate, keep and export an exponential moving average of the weights
     max_source_length: int = 256  # longer training examples are dropped (with a warning)
     progress_bar: bool = True
     tensorboard: bool = True
@@ -108,6 +114,8 @@ class TrainingSettings:
             raise ValueError(f"lr={self.lr} must be > 0")
         if self.clip_norm < 0:
             raise ValueError(f"clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay={self.ema_decay} must be in [0, 1) (0 turns weight averaging off)")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose no, fp16 or bf16")
 
@@ -216,6 +224,8 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
     loader = torch.utils.data.DataLoader(examples, batch_sampler=sampler, collate_fn=Seq2SeqCollator(tokenizer.pad_token_id),
                                          generator=torch.Generator().manual_seed(settings.seed))
     loader = prepare_sharded_loader(accelerator, loader)
+    unwrapped = accelerator.unwrap_model(model)
+    ema = WeightEMA(unwrapped, settings.ema_decay) if settings.ema_decay else None
 
     step, epoch, batches_done = 0, 0, 0
     best: dict | None = None  # {"step", "value"} of the best evaluation so far
@@ -226,6 +236,8 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
             accelerator.print(f"--resume: no valid checkpoint in {checkpoint_dir}; starting from scratch")
         else:
             accelerator.load_state(str(info.path))
+            if ema is not None:
+                ema.load(info.path, info.extra.get("ema_updates", 0))
             step, epoch, batches_done = info.step, info.epoch, info.batches_done
             best, history = info.extra.get("best"), info.extra.get("history", [])
             sampler.load_state_dict({**info.extra["sampler"], "epoch": epoch, "batches_done": batches_done})
@@ -245,7 +257,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
 
         writer = SummaryWriter(str(output_dir / "runs"), purge_step=step or None)
     log_path = output_dir / "train_log.jsonl"
-    unwrapped = accelerator.unwrap_model(model)
+    evaluated = ema.module if ema is not None else unwrapped  # the weights that are evaluated, kept and exported
 
     def log(record: dict) -> None:
         if main:
@@ -256,7 +268,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         nonlocal best
         result = {}
         if main:
-            result = evaluate(unwrapped, tokenizer, data.task, dev_sources, dev_references, dev_examples,
+            result = evaluate(evaluated, tokenizer, data.task, dev_sources, dev_references, dev_examples,
                               num_beams=1, max_length=max_length, batch_size=settings.eval_batch_size)
             result.pop("predictions")
             value = result[data.metric]
@@ -265,7 +277,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
                 best = {"step": step, "value": value, "metric": data.metric}
                 tmp = checkpoint_dir / f".tmp-{BEST_DIR}"
                 shutil.rmtree(tmp, ignore_errors=True)
-                unwrapped.save_pretrained(tmp)
+                evaluated.save_pretrained(tmp)
                 shutil.rmtree(checkpoint_dir / BEST_DIR, ignore_errors=True)
                 os.replace(tmp, checkpoint_dir / BEST_DIR)
             point = {"step": step, "epoch": epoch, **{k: result[k] for k in ("loss", data.metric)},
@@ -285,9 +297,15 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
     def save() -> None:
         # an epoch consumed entirely is saved as the start of the next one
         e, b = (epoch + 1, 0) if batches_done >= len(loader) else (epoch, batches_done)
-        save_checkpoint(checkpoint_dir, step, lambda tmp: accelerator.save_state(str(tmp)), epoch=e, batches_done=b,
-                        keep_last=settings.keep_last,
-                        extra={"sampler": sampler.state_dict(b), "best": best, "history": history},
+        def save_fn(tmp: Path) -> None:
+            accelerator.save_state(str(tmp))
+            if ema is not None and main:
+                ema.save(tmp)
+
+        extra = {"sampler": sampler.state_dict(b), "best": best, "history": history}
+        if ema is not None:
+            extra["ema_updates"] = ema.updates
+        save_checkpoint(checkpoint_dir, step, save_fn, epoch=e, batches_done=b, keep_last=settings.keep_last, extra=extra,
                         is_main_process=main, wait_for_everyone=accelerator.wait_for_everyone)
 
     # An estimate of the final evaluation's cost, refined by each evaluation, is kept free within the time budget.
@@ -323,6 +341,8 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
                 continue
             scheduler.step()
             step += 1
+            if ema is not None:
+                ema.update(unwrapped)
             bar.update(1)
 
             if step % settings.log_every == 0:

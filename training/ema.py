@@ -1,0 +1,74 @@
+"""An exponential moving average (EMA) of the weights: what the loop evaluates, keeps as best and exports.
+
+Averaging the weights over the last few hundred updates removes most of the noise a high learning rate leaves in
+them, at the cost of one `lerp` per parameter per update. On the 15-minute G2P job it is worth more than any other
+change we measured (see the README). Built on `torch.optim.swa_utils.AveragedModel`; the decay is warmed up
+as `min(decay, (1 + n) / (10 + n))` after `n` updates, so early averages are not dominated by the random
+initialisation (the rule of TensorFlow's ExponentialMovingAverage `num_updates`).
+
+State for exact resume: the averaged parameters (safetensors, in the checkpoint folder, so the checkpoint's
+sha256 marker covers them) and the number of updates (JSON, in the marker).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch.optim.swa_utils import AveragedModel
+
+EMA_FILE = "ema.safetensors"
+
+
+def warmed_up_decay(decay: float, updates: int) -> float:
+    """The decay applied by the `updates`-th update after the first (which copies the weights)."""
+    return min(decay, (1 + updates) / (10 + updates))
+
+
+class WeightEMA:
+    """`update(model)` after every optimizer update; `module` is the averaged copy (eval mode, no gradients)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        if not 0 < decay < 1:
+            raise ValueError(f"ema decay={decay} must be in (0, 1); 0.998 averages over ~500 updates")
+        self.decay = decay
+        self._averaged = AveragedModel(model, multi_avg_fn=self._lerp)
+        self.module.requires_grad_(False)
+        self.module.eval()
+
+    def _lerp(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged) -> None:
+        weight = 1.0 - warmed_up_decay(self.decay, int(num_averaged))
+        torch._foreach_lerp_(averaged, current, weight)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._averaged.module
+
+    @property
+    def updates(self) -> int:
+        return int(self._averaged.n_averaged)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        self._averaged.update_parameters(model)
+
+    def save(self, folder: str | Path) -> None:
+        """The averaged parameters (tied ones once, by their first name) to `folder/ema.safetensors`."""
+        tensors = {name: p.detach().contiguous() for name, p in self.module.named_parameters()}
+        save_file(tensors, str(Path(folder) / EMA_FILE), metadata={"updates": str(self.updates)})
+
+    @torch.no_grad()
+    def load(self, folder: str | Path, updates: int) -> None:
+        path = Path(folder) / EMA_FILE
+        if not path.is_file():
+            raise ValueError(f"{folder} has no {EMA_FILE}: the run being resumed did not average its weights; "
+                             "resume with --ema_decay 0, or start a new run")
+        tensors = load_file(str(path))
+        params = dict(self.module.named_parameters())
+        if tensors.keys() != params.keys():
+            missing, unexpected = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
+            raise ValueError(f"{path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        for name, p in params.items():
+            p.copy_(tensors[name])
+        self._averaged.n_averaged.fill_(updates)
