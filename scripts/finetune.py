@@ -19,8 +19,9 @@ import sys
 import torch
 from transformers import Seq2SeqTrainingArguments
 
-from vaswani.training.finetune import TASKS, build_trainer, g2p_data, make_compute_metrics, text_data, tokenize_pairs
+from vaswani.training.finetune import TASKS, build_trainer, finetune_data, make_compute_metrics, tokenize_pairs
 from vaswani.training.generation import CheckpointError, load_checkpoint
+from vaswani.training.tasks import load_task_data
 
 
 def parse_args(argv=None):
@@ -29,9 +30,10 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", required=True, help="Trainer checkpoints, then the final model + tokenizer")
     data = parser.add_argument_group("data")
     data.add_argument("--g2p_file", default=None, help="WORD<TAB>PHONEMES file (default: the shipped CMUdict split)")
-    data.add_argument("--dev_percent", type=int, default=5, help="G2P: share of words held out for evaluation")
+    data.add_argument("--dev_percent", type=int, default=5,
+                      help="without --validation_file: percent of sources held out for evaluation (by crc32, as train.py)")
     data.add_argument("--train_file", default=None, help="parallel text instead of G2P (.tsv/.csv/.jsonl or Hub name)")
-    data.add_argument("--validation_file", default=None, help="parallel text for evaluation (default: none)")
+    data.add_argument("--validation_file", default=None, help="data for evaluation (default: carved from the training data)")
     data.add_argument("--source_column", default="source")
     data.add_argument("--target_column", default="target")
     data.add_argument("--task", choices=TASKS, default=None,
@@ -67,11 +69,9 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _load_data(args):
-    if args.train_file is not None:
-        data = text_data(args.train_file, args.validation_file, args.source_column, args.target_column)
-    else:
-        data = g2p_data(args.g2p_file, dev_percent=args.dev_percent)
+def _load_data(args, task: str):
+    data = finetune_data(load_task_data(task, args.train_file or args.g2p_file, args.validation_file,
+                                        args.source_column, args.target_column, args.dev_percent))
     if args.max_train_samples is not None and args.max_train_samples < len(data.train_sources):
         keep = sorted(random.Random(args.seed).sample(range(len(data.train_sources)), args.max_train_samples))
         data.train_sources = [data.train_sources[i] for i in keep]
@@ -87,7 +87,7 @@ def main(argv=None):
     task = args.task or ("translation" if args.train_file is not None else "g2p")
     try:
         model, tokenizer = load_checkpoint(args.model, device="cpu")  # Trainer places it
-        data = _load_data(args)
+        data = _load_data(args, task)
     except (CheckpointError, ValueError) as error:
         sys.exit(f"error: {error}")
     lengths = {"max_source_length": args.max_source_length, "max_target_length": args.max_target_length}

@@ -270,3 +270,21 @@ def test_finetune_script_on_parallel_text_reports_bleu_chrf(checkpoint, g2p_samp
     ])
     results = json.loads((tmp_path / "ft" / "eval_results.json").read_text())
     assert {"eval_bleu", "eval_chrf"} <= set(results) and "eval_wer" not in results
+
+
+def test_finetune_data_is_the_training_scripts_data(tmp_path):
+    """finetune.py sees what train.py sees: the same crc32 dev rule and every reference of a source grouped."""
+    from vaswani.training.data import is_dev_word
+    from vaswani.training.finetune import finetune_data
+    from vaswani.training.tasks import load_task_data
+
+    rows = [(f"source {i}", f"target {i}") for i in range(300)]
+    dev_source = next(s for s, _ in rows if is_dev_word(s))
+    rows.append((dev_source, "another target"))
+    path = tmp_path / "pairs.tsv"
+    path.write_text("source\ttarget\n" + "".join(f"{s}\t{t}\n" for s, t in rows), encoding="utf-8")
+    data = finetune_data(load_task_data("translation", str(path)))
+    expected_dev = list(dict.fromkeys(s for s, _ in rows if is_dev_word(s)))
+    assert data.eval_sources == expected_dev and 0 < len(expected_dev) < 300
+    assert data.eval_references[expected_dev.index(dev_source)] == [rows[int(dev_source.split()[1])][1], "another target"]
+    assert sorted(zip(data.train_sources, data.train_targets)) == sorted(p for p in rows if not is_dev_word(p[0]))

@@ -1,8 +1,9 @@
 """Fine-tuning with transformers' `Seq2SeqTrainer`: the data, the metrics and the trainer.
 
 The pieces `scripts/finetune.py` puts together, and the tests reach:
-- `g2p_data` / `text_data`: source texts, target texts and, for evaluation, every reference of
-  each source (a G2P word may have several pronunciations; scoring takes the closest).
+- `finetune_data`: the data of `tasks.load_task_data` (as for `scripts/train.py`) as source texts, target texts
+  and, for evaluation, every reference of each source (a G2P word may have several pronunciations; scoring takes
+  the closest).
 - `tokenize_pairs`: a `datasets.Dataset` of unpadded `input_ids`, `attention_mask`, `labels`.
   Padding is the collator's job: `DataCollatorForSeq2Seq(tokenizer, model=model)` pads the
   labels with -100 itself (never with the tokenizer's pad id 0, which would be learned as a
@@ -26,10 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import load_g2p, load_parallel_data
 from .evaluation import score
-
-TASKS = ("g2p", "translation")
+from .tasks import TASKS, TaskData
 
 
 @dataclass
@@ -42,26 +41,15 @@ class FinetuneData:
     eval_references: list[list[str]]
 
 
-def g2p_data(path=None, dev_percent: int = 5) -> FinetuneData:
-    """The G2P file (default: the shipped CMUdict split) split by `training.data.load_g2p`."""
-    data = load_g2p(path, dev_percent=dev_percent)
+def finetune_data(data: TaskData) -> FinetuneData:
+    """The task data `scripts/train.py` uses (`tasks.load_task_data`: the same files, dev rule and grouping of
+    references) in the shape Trainer wants."""
     return FinetuneData(
-        train_sources=[word for word, _ in data.train],
-        train_targets=[pron for _, pron in data.train],
-        eval_sources=list(data.dev),
-        eval_references=[list(prons) for prons in data.dev.values()],
+        train_sources=[source for source, _ in data.train_pairs],
+        train_targets=[target for _, target in data.train_pairs],
+        eval_sources=list(data.dev_sources),
+        eval_references=[list(refs) for refs in data.dev_references],
     )
-
-
-def text_data(train_file, validation_file=None, source_column: str = "source",
-              target_column: str = "target") -> FinetuneData:
-    """Parallel text through `training.data.load_parallel_data` (one reference per validation row)."""
-    train = load_parallel_data(train_file, source_column, target_column)
-    sources, references = [], []
-    if validation_file is not None:
-        valid = load_parallel_data(validation_file, source_column, target_column)
-        sources, references = list(valid["source"]), [[t] for t in valid["target"]]
-    return FinetuneData(list(train["source"]), list(train["target"]), sources, references)
 
 
 def tokenize_pairs(tokenizer, sources: Sequence[str], targets: Sequence[str],
