@@ -65,6 +65,43 @@ def eager_attention_forward(
     return out.transpose(1, 2).contiguous(), weights
 
 
+class _FusedLinear(torch.autograd.Function):
+    """`x @ cat(weights).T + cat(biases)` as one GEMM that saves for backward only `x` and the parameters themselves.
+
+    Through autograd, `F.linear(x, torch.cat(weights), ...)` would keep the concatenated weight alive until backward:
+    a weight-sized copy per attention module, activation memory that separate projections do not use. Here the
+    concatenation is rebuilt in backward instead (a small copy next to the GEMMs). Under autocast the GEMMs run in
+    the dtype of the incoming gradient, as autocast's own linear does; gradients come back in each input's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *weights_and_biases: torch.Tensor) -> torch.Tensor:
+        n = len(weights_and_biases) // 2
+        weights, biases = weights_and_biases[:n], weights_and_biases[n:]
+        ctx.save_for_backward(x, *weights)
+        ctx.sizes = [w.shape[0] for w in weights]
+        ctx.bias_dtypes = [b.dtype for b in biases]
+        return F.linear(x, torch.cat(weights), torch.cat(biases))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        x, *weights = ctx.saved_tensors
+        dtype = grad_output.dtype
+        n = len(weights)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_output @ torch.cat(weights).to(dtype)).to(x.dtype)
+        flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
+        grad_weights = grad_biases = [None] * n
+        if any(ctx.needs_input_grad[1 : 1 + n]):
+            grad_weight = flat_grad.t() @ x.reshape(-1, x.shape[-1]).to(dtype)
+            grad_weights = [g.to(w.dtype) for g, w in zip(grad_weight.split(ctx.sizes), weights)]
+        if any(ctx.needs_input_grad[1 + n :]):
+            grad_biases = [g.to(d) for g, d in zip(flat_grad.sum(0).split(ctx.sizes), ctx.bias_dtypes)]
+        return grad_x, *grad_weights, *grad_biases
+
+
 def _unpad_keys_for_flash(key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, query_length: int):
     """
     Flash cross-attention with padding in the source: transformers' generic path derives the query padding from the
@@ -114,21 +151,20 @@ class VaswaniAttention(nn.Module):
 
     def _fused_projection(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
         """Several projections of the same input as one GEMM. The parameters stay separate (checkpoints, the Marian
-        converter); their concatenation is rebuilt while training (autograd flows through it) and cached otherwise,
-        keyed by the parameters' version counters, which every in-place update bumps."""
+        converter). While training, `_FusedLinear` concatenates them per call and saves no copy for backward;
+        otherwise the concatenation is cached, keyed by the parameters' version counters, which every in-place
+        update bumps."""
         weights = [p.weight for p in projections]
         biases = [p.bias for p in projections]
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-            weight, bias = torch.cat(weights), torch.cat(biases)
-        else:
-            key = tuple((t.data_ptr(), t._version) for t in (*weights, *biases))
-            cached = self._fused_cache.get(len(projections))
-            if cached is None or cached[0] != key:
-                with torch.no_grad():
-                    cached = (key, torch.cat(weights), torch.cat(biases))
-                self._fused_cache[len(projections)] = cached
-            weight, bias = cached[1], cached[2]
-        return F.linear(x, weight, bias).chunk(len(projections), dim=-1)
+            return _FusedLinear.apply(x, *weights, *biases).chunk(len(projections), dim=-1)
+        key = tuple((t.data_ptr(), t._version) for t in (*weights, *biases))
+        cached = self._fused_cache.get(len(projections))
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, torch.cat(weights), torch.cat(biases))
+            self._fused_cache[len(projections)] = cached
+        return F.linear(x, cached[1], cached[2]).chunk(len(projections), dim=-1)
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -563,11 +599,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             logits.float().view(-1, logits.shape[-1]),
             labels.view(-1).to(logits.device),
             ignore_index=-100,
-            reduction="sum",
+            reduction="sum" if num_items_in_batch is not None else "mean",  # mean: over labels != -100
             label_smoothing=self.config.label_smoothing,
         )
         if num_items_in_batch is None:
-            num_items_in_batch = (labels != -100).sum()
+            return total
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch

@@ -34,9 +34,8 @@ def test_activation_memory_grows_quadratically_with_eager_attention_only():
     rows = benchmark.compare_memory("quick", [128, 256, 512])
     assert benchmark.growth_exponent(rows, "eager", "vaswani_mib") > 1.3
     assert benchmark.growth_exponent(rows, "sdpa", "vaswani_mib") < 1.1
-    # vaswani saves what Marian saves plus a fixed amount (the fused QKV weights), whatever the length
-    extra = {round(row["vaswani_mib"] - row["marian_mib"], 4) for row in rows}
-    assert len(extra) == 1 and 0 <= extra.pop() < 0.1
+    # vaswani saves no more than Marian for backward (the fused projections keep no concatenated weight alive)
+    assert all(row["vaswani_mib"] <= row["marian_mib"] for row in rows), rows
 
 
 def test_quick_run_end_to_end(tmp_path):
