@@ -6,8 +6,8 @@ change we measured (see the README). Built on `torch.optim.swa_utils.AveragedMod
 as `min(decay, (1 + n) / (10 + n))` after `n` updates, so early averages are not dominated by the random
 initialisation (the rule of TensorFlow's ExponentialMovingAverage `num_updates`).
 
-State for exact resume: the averaged parameters (safetensors, in the checkpoint folder, so the checkpoint's
-sha256 marker covers them) and the number of updates (JSON, in the marker).
+State for exact resume: one safetensors file in the checkpoint folder (so the checkpoint's sha256 marker covers
+it) with the averaged parameters and, in its metadata, the number of updates.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch.optim.swa_utils import AveragedModel
 
 EMA_FILE = "ema.safetensors"
@@ -59,16 +60,17 @@ class WeightEMA:
         save_file(tensors, str(Path(folder) / EMA_FILE), metadata={"updates": str(self.updates)})
 
     @torch.no_grad()
-    def load(self, folder: str | Path, updates: int) -> None:
+    def load(self, folder: str | Path) -> None:
         path = Path(folder) / EMA_FILE
         if not path.is_file():
             raise ValueError(f"{folder} has no {EMA_FILE}: the run being resumed did not average its weights; "
                              "resume with --ema_decay 0, or start a new run")
-        tensors = load_file(str(path))
         params = dict(self.module.named_parameters())
-        if tensors.keys() != params.keys():
-            missing, unexpected = sorted(params.keys() - tensors.keys()), sorted(tensors.keys() - params.keys())
-            raise ValueError(f"{path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        for name, p in params.items():
-            p.copy_(tensors[name])
+        with safe_open(str(path), framework="pt") as f:
+            if set(f.keys()) != params.keys():
+                missing, unexpected = sorted(params.keys() - set(f.keys())), sorted(set(f.keys()) - params.keys())
+                raise ValueError(f"{path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            for name, p in params.items():
+                p.copy_(f.get_tensor(name))
+            updates = int((f.metadata() or {}).get("updates", 0))
         self._averaged.n_averaged.fill_(updates)

@@ -237,7 +237,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         else:
             accelerator.load_state(str(info.path))
             if ema is not None:
-                ema.load(info.path, info.extra.get("ema_updates", 0))
+                ema.load(info.path)
             step, epoch, batches_done = info.step, info.epoch, info.batches_done
             best, history = info.extra.get("best"), info.extra.get("history", [])
             sampler.load_state_dict({**info.extra["sampler"], "epoch": epoch, "batches_done": batches_done})
@@ -303,8 +303,6 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
                 ema.save(tmp)
 
         extra = {"sampler": sampler.state_dict(b), "best": best, "history": history}
-        if ema is not None:
-            extra["ema_updates"] = ema.updates
         save_checkpoint(checkpoint_dir, step, save_fn, epoch=e, batches_done=b, keep_last=settings.keep_last, extra=extra,
                         is_main_process=main, wait_for_everyone=accelerator.wait_for_everyone)
 
