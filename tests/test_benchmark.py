@@ -65,3 +65,22 @@ def test_generation_mismatch_is_an_error(monkeypatch):
     monkeypatch.setattr(benchmark, "build_pair", perturbed)
     with pytest.raises(AssertionError, match="generation differs"):
         benchmark.compare_generation("quick", "sdpa", 1, rounds=1, sentences=4, new_tokens=3)
+
+
+def test_rows_whose_rounds_disagree_are_marked_noisy(tmp_path):
+    def row(name, marian, vaswani):
+        stat = lambda low, median, high: dict(median=median, low=low, high=high)
+        return dict(name=name, unit="tokens/s", ratio=vaswani[1] / marian[1], marian=stat(*marian),
+                    vaswani=stat(*vaswani))
+
+    steady = row("train quick sdpa unpadded", (95, 100, 105), (98, 101, 104))  # spreads 10 % and 6 %
+    busy = row("train quick sdpa padded", (70, 100, 130), (99, 100, 101))  # Marian's rounds spread 60 %
+    assert benchmark.spread(steady) == pytest.approx(0.10) and benchmark.spread(busy) == pytest.approx(0.60)
+    results = dict(machine=dict(cpu="test", threads=1), comparisons=[steady, busy],
+                   memory=[dict(attn=a, source_length=n, marian_mib=1.0, vaswani_mib=1.0)
+                           for a in ("eager", "sdpa") for n in (8, 16)])
+    benchmark.write_outputs(results, tmp_path)
+    table = (tmp_path / "results.md").read_text().splitlines()
+    assert table[0].endswith("| spread |")
+    assert table[2].endswith("| 10% |") and "noisy" not in table[2]
+    assert table[3].endswith("| 60% (noisy: rerun) |")

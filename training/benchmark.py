@@ -51,6 +51,15 @@ class Stat:
         return cls(statistics.median(values), min(values), max(values))
 
 
+NOISY_SPREAD = 0.2  # (max - min) / median of either contender above this: the machine was busy; rerun that row
+
+
+def spread(comparison: dict) -> float:
+    """The wider of the two contenders' (max - min) / median: how far a row's ratio can be trusted."""
+    return max((comparison[who]["high"] - comparison[who]["low"]) / comparison[who]["median"]
+               for who in ("marian", "vaswani"))
+
+
 @dataclass
 class Comparison:
     """One measurement of both contenders: values are rates (higher is better) unless `unit` says seconds."""
@@ -355,10 +364,15 @@ def machine_description(peak_gflops: float) -> dict:
                 matmul_peak_gflops=peak_gflops)
 
 
+def _spread_note(comparison: dict) -> str:
+    s = spread(comparison)
+    return f"{s:.0%}" + (" (noisy: rerun)" if s > NOISY_SPREAD else "")
+
+
 def format_row(c: Comparison) -> str:
     return (f"{c.name:<34} Marian {c.marian.median:>9.0f} [{c.marian.low:.0f}-{c.marian.high:.0f}]  "
             f"vaswani {c.vaswani.median:>9.0f} [{c.vaswani.low:.0f}-{c.vaswani.high:.0f}] {c.unit}  "
-            f"x{c.ratio:.2f}")
+            f"x{c.ratio:.2f}  spread {_spread_note(dict(marian=c.marian.__dict__, vaswani=c.vaswani.__dict__))}")
 
 
 def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
@@ -371,11 +385,11 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = ["| measurement | Marian | vaswani | vaswani / Marian |", "|---|---|---|---|"]
+    lines = ["| measurement | Marian | vaswani | vaswani / Marian | spread |", "|---|---|---|---|---|"]
     for c in results["comparisons"]:
         m, v = c["marian"], c["vaswani"]
         lines.append(f"| {c['name']} ({c['unit']}) | {m['median']:.0f} [{m['low']:.0f}-{m['high']:.0f}] | "
-                     f"{v['median']:.0f} [{v['low']:.0f}-{v['high']:.0f}] | {c['ratio']:.2f} |")
+                     f"{v['median']:.0f} [{v['low']:.0f}-{v['high']:.0f}] | {c['ratio']:.2f} | {_spread_note(c)} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
