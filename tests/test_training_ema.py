@@ -70,3 +70,7 @@ def test_errors_name_the_fix(tiny_config, tmp_path):
     save_file({"other.weight": torch.zeros(2)}, str(tmp_path / EMA_FILE))
     with pytest.raises(ValueError, match="does not match the model"):
         WeightEMA(model, decay=0.9).load(tmp_path)
+    save_file({name: p.detach() for name, p in WeightEMA(model, decay=0.9).module.named_parameters()},
+              str(tmp_path / EMA_FILE))  # the right tensors, but no update count
+    with pytest.raises(ValueError, match="no update count.*--ema_decay 0"):
+        WeightEMA(model, decay=0.9).load(tmp_path)

@@ -70,7 +70,10 @@ class WeightEMA:
             if set(f.keys()) != params.keys():
                 missing, unexpected = sorted(params.keys() - set(f.keys())), sorted(set(f.keys()) - params.keys())
                 raise ValueError(f"{path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            updates = (f.metadata() or {}).get("updates")
+            if updates is None:  # without it the decay's warm-up would restart: the resume would not be exact
+                raise ValueError(f"{path} has no update count in its metadata; it was not written by "
+                                 "WeightEMA.save. Resume with --ema_decay 0, or start a new run")
             for name, p in params.items():
                 p.copy_(f.get_tensor(name))
-            updates = int((f.metadata() or {}).get("updates", 0))
-        self._averaged.n_averaged.fill_(updates)
+        self._averaged.n_averaged.fill_(int(updates))
