@@ -50,7 +50,17 @@ def test_quick_run_end_to_end(tmp_path):
     assert all(c["marian"]["median"] > 0 and c["vaswani"]["median"] > 0 for c in written["comparisons"])
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| measurement |" in (tmp_path / "results.md").read_text()
-    assert 0 < written["efficiency"]["quick"]["vaswani_mfu"]
+    machine = written["machine"]  # the peak is measured at the start and the end; the higher one counts
+    assert machine["matmul_peak_gflops"] == max(machine["matmul_peak_gflops_start_end"])
+    quick = written["efficiency"]["quick"]
+    assert 0 < quick["vaswani_mfu"]
+    for key in ("generate_greedy", "generate_beam5"):  # Marian's time over its GEMMs' time alone, as written
+        g = quick[key]
+        assert g["ceiling_over_marian"] == pytest.approx(g["marian_s"] / g["ideal_s_at_own_gemm_rates"])
+    assert quick["training_ceiling_over_marian"] == pytest.approx(
+        quick["marian_step_s"] / quick["ideal_step_s_at_own_gemm_rates"])
+    table = (tmp_path / "results.md").read_text()
+    assert "| generate quick sdpa beam5 (call) |" in table and "ceiling: Marian / GEMMs alone" in table
 
 
 def test_generation_mismatch_is_an_error(monkeypatch):
@@ -84,3 +94,44 @@ def test_rows_whose_rounds_disagree_are_marked_noisy(tmp_path):
     assert table[0].endswith("| spread |")
     assert table[2].endswith("| 10% |") and "noisy" not in table[2]
     assert table[3].endswith("| 60% (noisy: rerun) |")
+
+
+def _gemm_flops(run) -> int:
+    """FLOPs of the matrix products (mm, addmm: every Linear) that `run` executes, counted by PyTorch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(flops for op, flops in counts.items() if str(op) in ("aten.mm", "aten.addmm"))
+
+
+def test_training_gemm_shapes_are_the_ones_the_model_runs():
+    _, vaswani = benchmark.build_pair("quick", dropout=0.0)
+    batch = benchmark.make_batch("quick", padded=False)
+    with torch.no_grad():
+        counted = _gemm_flops(lambda: vaswani(**batch))
+    assert counted == sum(2 * m * k * n * c for m, k, n, c in benchmark._linear_shapes("quick"))
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generation_gemm_shapes_are_the_ones_generate_runs(num_beams):
+    # the ceiling of a generate call is only right if its GEMMs are all counted, each at its real shape
+    marian, vaswani = benchmark.build_pair("quick", dropout=0.0)
+    sentences, new_tokens = 4, 5
+    input_ids = torch.randint(3, 64, (sentences, benchmark.SIZES["quick"]["source"]))
+    config = benchmark.GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=num_beams, do_sample=False,
+        decoder_start_token_id=benchmark.START, pad_token_id=benchmark.PAD, eos_token_id=benchmark.EOS,
+    )
+    expected = sum(2 * m * k * n * c for m, k, n, c in
+                   benchmark._generation_linear_shapes("quick", num_beams, sentences, new_tokens))
+    for model in (marian, vaswani):  # the same shapes for both: the ceiling is Marian's as much as ours
+        model.eval().set_attn_implementation("sdpa")
+        with torch.inference_mode():
+            assert _gemm_flops(lambda: model.generate(input_ids=input_ids, generation_config=config)) == expected
+
+
+def test_ideal_generation_time_is_positive_and_grows_with_the_beams():
+    greedy = benchmark.ideal_generation_seconds("quick", 1, sentences=8, new_tokens=4, repeats=1)
+    assert 0 < greedy < benchmark.ideal_generation_seconds("quick", 4, sentences=32, new_tokens=4, repeats=1) * 10

@@ -8,7 +8,9 @@ both alike, and reports medians with min-max. Sizes (from the performance issue)
 Measured: training tokens/s (forward + backward + Adam step; padded and unpadded; eager and sdpa), generation
 tokens/s (64 sentences, 32 new tokens, greedy and beam 5; outputs asserted identical), activation memory of
 forward + backward against source length (batch 1), the fp32 matmul peak of this machine and the model's achieved
-FLOP/s as a fraction of it (MFU), and the ideal step time if every GEMM of the step ran at its own measured rate.
+FLOP/s as a fraction of it (MFU), and the ideal time of a training step and of each generate call if every GEMM in
+it ran at its own measured rate and nothing else took any time: Marian's measured time over that ideal is the most
+any implementation doing the same FLOPs could gain over Marian on this machine (the "ceiling").
 
 Marian is built with random weights (and a non-zero final logits bias) and converted with `convert_marian`, so
 both models compute the same function; vaswani runs as a user gets it by default (`VaswaniForConditionalGeneration`
@@ -38,6 +40,8 @@ SIZES = {
     "quick": dict(vocab=64, d_model=32, layers=1, heads=2, ffn=64, batch=8, source=6, target=5),
 }
 PAD, EOS, START = 0, 2, 0
+SENTENCES, NEW_TOKENS = 64, 32  # generation: sentences per call, new tokens per sentence
+GENERATION_TOKENS = SENTENCES * NEW_TOKENS
 
 
 @dataclass
@@ -162,8 +166,8 @@ def compare_training(size: str, attn: str, padded: bool, rounds: int, steps: int
                       Stat.of(rates["marian"]), Stat.of(rates["vaswani"]))
 
 
-def compare_generation(size: str, attn: str, num_beams: int, rounds: int, sentences: int = 64,
-                       new_tokens: int = 32) -> Comparison:
+def compare_generation(size: str, attn: str, num_beams: int, rounds: int, sentences: int = SENTENCES,
+                       new_tokens: int = NEW_TOKENS) -> Comparison:
     marian, vaswani = build_pair(size, dropout=0.0)
     s = SIZES[size]
     g = torch.Generator().manual_seed(1)
@@ -290,6 +294,43 @@ def ideal_step_seconds(size: str, repeats: int = 3) -> float:
     return total
 
 
+def _generation_linear_shapes(size: str, num_beams: int, sentences: int = SENTENCES,
+                              new_tokens: int = NEW_TOKENS) -> list[tuple[int, int, int, int]]:
+    """(rows, in, out, count) of every Linear of one `generate` call as `compare_generation` makes it: the encoder
+    once over the sentences, the cross-attention keys and values once over the beams' copies of the encoder output,
+    then each decoding step's layers and output projection at one row per hypothesis."""
+    s = SIZES[size]
+    d, f, layers = s["d_model"], s["ffn"], s["layers"]
+    source_rows, hypotheses = sentences * s["source"], sentences * num_beams
+    return [
+        (source_rows, d, d, 4 * layers),  # encoder q, k, v, o
+        (source_rows, d, f, layers), (source_rows, f, d, layers),  # encoder FFN
+        (source_rows * num_beams, d, d, 2 * layers),  # cross-attention k, v (computed once, then cached)
+        (hypotheses, d, d, 6 * layers * new_tokens),  # per step: self q, k, v, o and cross q, o
+        (hypotheses, d, f, layers * new_tokens), (hypotheses, f, d, layers * new_tokens),  # per step: FFN
+        (hypotheses, d, s["vocab"], new_tokens),  # per step: output projection
+    ]
+
+
+def ideal_generation_seconds(size: str, num_beams: int, sentences: int = SENTENCES, new_tokens: int = NEW_TOKENS,
+                             repeats: int = 3) -> float:
+    """A `generate` call's GEMMs alone (`F.linear`, as the models run them), each shape timed at its own rate: the
+    time no implementation doing the same FLOPs could beat on this machine. Attention over the cache, norms,
+    the search's bookkeeping and Python all come on top."""
+    total = 0.0
+    for m, k, n, count in _generation_linear_shapes(size, num_beams, sentences, new_tokens):
+        x, weight, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+        inner = max(1, int(5e7 // (2 * m * k * n)))  # small GEMMs timed in loops of a few milliseconds
+
+        def loop():
+            for _ in range(inner):
+                torch.nn.functional.linear(x, weight, bias)
+
+        loop()
+        total += min(_timed(loop) for _ in range(repeats)) / inner * count
+    return total
+
+
 def _timed(fn: Callable) -> float:
     start = time.perf_counter()
     fn()
@@ -298,8 +339,9 @@ def _timed(fn: Callable) -> float:
 
 def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: int, memory_lengths: list[int],
                   memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = print) -> dict:
-    peak = matmul_peak_gflops(512 if "quick" in sizes else 2048)
-    log(f"fp32 matmul peak: {peak:.1f} GFLOP/s on {torch.get_num_threads()} threads")
+    peak_size = 512 if "quick" in sizes else 2048
+    peaks = [matmul_peak_gflops(peak_size)]  # measured again at the end: a busy moment must not set the peak
+    log(f"fp32 matmul peak: {peaks[0]:.1f} GFLOP/s on {torch.get_num_threads()} threads")
     comparisons: list[Comparison] = []
     efficiency = {}
     for size in sizes:
@@ -312,28 +354,43 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
         tokens = SIZES[size]["batch"] * (SIZES[size]["source"] + SIZES[size]["target"])
         unpadded_sdpa = next(c for c in comparisons if c.name == f"train {size} sdpa unpadded")
         ideal = ideal_step_seconds(size)
+        marian_step, vaswani_step = tokens / unpadded_sdpa.marian.median, tokens / unpadded_sdpa.vaswani.median
         efficiency[size] = {
             "step_gflop": flops / 1e9,
             "ideal_step_s_at_own_gemm_rates": ideal,
-            "marian_step_s": tokens / unpadded_sdpa.marian.median,
-            "vaswani_step_s": tokens / unpadded_sdpa.vaswani.median,
-            "marian_mfu": flops / (tokens / unpadded_sdpa.marian.median) / (peak * 1e9),
-            "vaswani_mfu": flops / (tokens / unpadded_sdpa.vaswani.median) / (peak * 1e9),
+            "marian_step_s": marian_step,
+            "vaswani_step_s": vaswani_step,
+            "training_ceiling_over_marian": marian_step / ideal,
         }
-        log(f"{size}: MFU (sdpa, unpadded) Marian {efficiency[size]['marian_mfu']:.0%}, "
-            f"vaswani {efficiency[size]['vaswani_mfu']:.0%}; ideal step at own GEMM rates {ideal * 1e3:.0f} ms")
-        for attn in ("sdpa",):
-            for beams in (1, 5):
-                c = compare_generation(size, attn, beams, generation_rounds)
-                comparisons.append(c)
-                log(format_row(c))
+        log(f"{size}: ideal step at own GEMM rates {ideal * 1e3:.0f} ms, Marian {marian_step * 1e3:.0f} ms: "
+            f"a same-FLOP implementation could be at most x{marian_step / ideal:.2f} Marian")
+        for beams in (1, 5):
+            c = compare_generation(size, "sdpa", beams, generation_rounds)
+            comparisons.append(c)
+            log(format_row(c))
+            seconds = GENERATION_TOKENS / c.marian.median, GENERATION_TOKENS / c.vaswani.median
+            ideal = ideal_generation_seconds(size, beams)
+            key = "greedy" if beams == 1 else f"beam{beams}"
+            efficiency[size][f"generate_{key}"] = {
+                "ideal_s_at_own_gemm_rates": ideal, "marian_s": seconds[0], "vaswani_s": seconds[1],
+                "ceiling_over_marian": seconds[0] / ideal,
+            }
+            log(f"{size} generate {key}: GEMMs alone at their own rates {ideal:.3f} s, Marian {seconds[0]:.3f} s: "
+                f"a same-FLOP implementation could be at most x{seconds[0] / ideal:.2f} Marian")
+    peaks.append(matmul_peak_gflops(peak_size))
+    peak = max(peaks)
+    log(f"fp32 matmul peak: {peaks[1]:.1f} GFLOP/s at the end; the higher, {peak:.1f}, is the peak")
+    for size, e in efficiency.items():
+        for who in ("marian", "vaswani"):
+            e[f"{who}_mfu"] = e["step_gflop"] * 1e9 / e[f"{who}_step_s"] / (peak * 1e9)
+        log(f"{size}: MFU (sdpa, unpadded) Marian {e['marian_mfu']:.0%}, vaswani {e['vaswani_mfu']:.0%}")
     memory = compare_memory(memory_size, memory_lengths)
     for attn in ("eager", "sdpa"):
         log(f"memory {memory_size} {attn}: " + ", ".join(
             f"{r['source_length']}: Marian {r['marian_mib']:.0f} / vaswani {r['vaswani_mib']:.0f} MiB"
             for r in memory if r["attn"] == attn))
     return {
-        "machine": machine_description(peak),
+        "machine": {**machine_description(peak), "matmul_peak_gflops_start_end": peaks},
         "comparisons": [
             dict(name=c.name, unit=c.unit, ratio=c.ratio, marian=c.marian.__dict__, vaswani=c.vaswani.__dict__,
                  **c.extra)
@@ -390,6 +447,16 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
         m, v = c["marian"], c["vaswani"]
         lines.append(f"| {c['name']} ({c['unit']}) | {m['median']:.0f} [{m['low']:.0f}-{m['high']:.0f}] | "
                      f"{v['median']:.0f} [{v['low']:.0f}-{v['high']:.0f}] | {c['ratio']:.2f} | {_spread_note(c)} |")
+    ceilings = [(f"train {size} sdpa unpadded (step)", e["ideal_step_s_at_own_gemm_rates"], e["marian_step_s"],
+                 e["vaswani_step_s"]) for size, e in results.get("efficiency", {}).items()]
+    ceilings += [(f"generate {size} sdpa {key} (call)", g["ideal_s_at_own_gemm_rates"], g["marian_s"], g["vaswani_s"])
+                 for size, e in results.get("efficiency", {}).items()
+                 for key, g in ((k[len("generate_"):], v) for k, v in e.items() if k.startswith("generate_"))]
+    if ceilings:
+        lines += ["", "| workload | its GEMMs alone at their own rates (s) | Marian (s) | vaswani (s) | "
+                  "ceiling: Marian / GEMMs alone |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {ideal:.3f} | {marian:.3f} | {mine:.3f} | {marian / ideal:.2f} |"
+                  for name, ideal, marian, mine in ceilings]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
