@@ -382,7 +382,7 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
     log(f"fp32 matmul peak: {peaks[1]:.1f} GFLOP/s at the end; the higher, {peak:.1f}, is the peak")
     for size, e in efficiency.items():
         for who in ("marian", "vaswani"):
-            e[f"{who}_mfu"] = e["step_gflop"] * 1e9 / e[f"{who}_step_s"] / (peak * 1e9)
+            e[f"{who}_mfu"] = e["step_gflop"] / e[f"{who}_step_s"] / peak  # GFLOP/s over GFLOP/s
         log(f"{size}: MFU (sdpa, unpadded) Marian {e['marian_mfu']:.0%}, vaswani {e['vaswani_mfu']:.0%}")
     memory = compare_memory(memory_size, memory_lengths)
     for attn in ("eager", "sdpa"):
