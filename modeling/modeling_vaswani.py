@@ -24,6 +24,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
+from .decoding_vaswani import lean_decoding_blocker, lean_sample
 from .positions_vaswani import SinusoidalPositions
 
 
@@ -550,6 +551,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     `tie_word_embeddings`), the loss, and generation (greedy, beam, sampling; dynamic or static cache)."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    # Greedy search and sampling run the lean loop of decoding_vaswani.py where it gives the same result
+    # (eval mode, SDPA, tokens only); False always takes GenerationMixin's loop.
+    lean_decoding: bool = True
 
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
@@ -587,6 +591,15 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         else:
             cache.reorder_cache(beam_idx)
         return cache
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                streamer=None, **model_kwargs):
+        """Greedy search and sampling (`generate` calls this): the lean loop when `lean_decoding_blocker` finds
+        nothing against it, else GenerationMixin's loop."""
+        if lean_decoding_blocker(self, input_ids, generation_config, synced_gpus, streamer, model_kwargs) is None:
+            return lean_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config,
+                               synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

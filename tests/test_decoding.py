@@ -1,0 +1,181 @@
+"""The lean greedy/sampling loop (modeling/decoding_vaswani.py) against transformers' own loop on the same model:
+the same sequences for every generation setting it serves, and a clean fallback for those it does not."""
+
+from unittest import mock
+
+import pytest
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, StoppingCriteria, StoppingCriteriaList
+
+from vaswani import VaswaniForConditionalGeneration, decoding_vaswani
+from vaswani.decoding_vaswani import _LayerBuffers, lean_decoding_blocker
+
+from test_modeling import make_model, padded_batch
+
+
+def generate_both(model, **kwargs):
+    """(lean loop output, transformers' loop output, whether the lean loop ran) for the same call."""
+    calls = []
+    original = decoding_vaswani.lean_sample
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return original(*args, **kw)
+
+    seed = kwargs.pop("seed", None)
+    with mock.patch("vaswani.modeling_vaswani.lean_sample", spy):
+        if seed is not None:
+            torch.manual_seed(seed)
+        lean = model.generate(**kwargs)
+    model.lean_decoding = False
+    try:
+        if seed is not None:
+            torch.manual_seed(seed)
+        reference = model.generate(**kwargs)
+    finally:
+        del model.lean_decoding
+    return lean, reference, bool(calls)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("final_logits_bias", [False, True])
+def test_greedy_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
+    tiny_config.normalize_before = normalize_before
+    tiny_config.final_logits_bias = final_logits_bias
+    tiny_config.position_encoding = "sinusoidal_split" if normalize_before else "sinusoidal_interleaved"
+    model = make_model(tiny_config, seed=3).double()
+    if final_logits_bias:
+        model.final_logits_bias.normal_(0, 1.0)
+    for seed in range(3):
+        batch = padded_batch(seed, batch=6)
+        lean, reference, ran = generate_both(
+            model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12
+        )
+        assert ran
+        assert torch.equal(lean, reference)
+        assert lean.shape[1] > 2  # something was generated past the start token
+
+
+def test_greedy_float32_scores_equal_the_full_forward(tiny_config):
+    """Independent of both loops: the lean loop's tokens are the argmax of a full (uncached) forward over the prefix
+    it produced, and that argmax is not a near-tie."""
+    model = make_model(tiny_config, seed=4)
+    batch = padded_batch(11, batch=5)
+    lean, reference, ran = generate_both(
+        model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=9,
+        min_new_tokens=9,
+    )
+    assert ran and torch.equal(lean, reference)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=lean[:, :-1]).logits
+    logits[..., tiny_config.eos_token_id] = float("-inf")  # min_new_tokens
+    assert torch.equal(logits.argmax(-1), lean[:, 1:])
+
+
+def test_processors_and_stopping_behave_as_in_transformers(tiny_config):
+    model = make_model(tiny_config, seed=5).double()
+    batch = padded_batch(12, batch=6)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    # The EOS is made likely so that rows finish at different steps and get padded.
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
+    settings = [
+        dict(max_new_tokens=15),
+        dict(max_new_tokens=15, min_new_tokens=6),
+        dict(max_length=7),
+        dict(max_new_tokens=10, repetition_penalty=1.7, no_repeat_ngram_size=2),
+        dict(max_new_tokens=10, forced_eos_token_id=tiny_config.eos_token_id),
+        dict(max_new_tokens=10, eos_token_id=[tiny_config.eos_token_id, 7], bad_words_ids=[[9], [11]]),
+        dict(max_new_tokens=10, suppress_tokens=[5, 6]),
+        dict(max_new_tokens=10, do_sample=True, top_k=8, temperature=0.7, seed=0),
+        dict(max_new_tokens=10, do_sample=True, top_p=0.9, seed=1),
+        dict(max_new_tokens=8, num_return_sequences=2, do_sample=True, seed=2),
+    ]
+    finished_early = 0
+    for setting in settings:
+        lean, reference, ran = generate_both(model, **inputs, **setting)
+        assert ran, setting
+        assert torch.equal(lean, reference), setting
+        finished_early += int((lean == tiny_config.pad_token_id).any())
+    assert finished_early >= 3  # the EOS path (padding of finished rows) was exercised
+
+
+class StopAfter(StoppingCriteria):
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_user_stopping_criteria_and_unpadded_batch(tiny_config):
+    model = make_model(tiny_config, seed=6).double()
+    batch = padded_batch(13, batch=3)
+    full = torch.ones_like(batch["attention_mask"])
+    lean, reference, ran = generate_both(
+        model, input_ids=batch["input_ids"], attention_mask=full, max_new_tokens=20, min_new_tokens=20,
+        stopping_criteria=StoppingCriteriaList([StopAfter(5)]),
+    )
+    assert ran and torch.equal(lean, reference) and lean.shape[1] == 5
+    lean, reference, ran = generate_both(model, input_ids=batch["input_ids"], max_new_tokens=6)
+    assert ran and torch.equal(lean, reference)
+
+
+def test_buffers_grow_past_their_capacity(tiny_config):
+    model = make_model(tiny_config)
+    layer = model.model.decoder.layers[0]
+    encoder_states = torch.randn(2, 5, tiny_config.d_model)
+    buffers = _LayerBuffers(layer, encoder_states, capacity=2)
+    written = [torch.randn(2, 4, 1, 4) for _ in range(5)]
+    for position, keys in enumerate(written):
+        seen_keys, seen_values = buffers.append(keys, -keys, position)
+    assert buffers.keys.shape[2] == 8
+    assert torch.equal(seen_keys, torch.cat(written, dim=2)) and torch.equal(seen_values, -torch.cat(written, dim=2))
+
+
+def test_calls_it_does_not_serve_fall_back_to_transformers_loop(tiny_config):
+    model = make_model(tiny_config, seed=7)
+    batch = padded_batch(14)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6)
+    expected = model.generate(**inputs)
+    start = torch.full((4, 2), tiny_config.decoder_start_token_id)
+    cases = {
+        "return_dict_in_generate": dict(return_dict_in_generate=True, output_scores=True),
+        "decoder prompt": dict(decoder_input_ids=start),
+        "use_cache=False": dict(use_cache=False),
+        "static cache": dict(cache_implementation="static"),
+        "a cache passed in": dict(cache=EncoderDecoderCache(DynamicCache(config=tiny_config),
+                                                             DynamicCache(config=tiny_config))),
+    }
+    for name, extra in cases.items():
+        with mock.patch("vaswani.modeling_vaswani.lean_sample", side_effect=AssertionError(name)):
+            out = model.generate(**inputs, **extra)
+        sequences = out.sequences if name == "return_dict_in_generate" else out
+        if name != "decoder prompt":
+            assert torch.equal(sequences, expected), name
+    model.set_attn_implementation("eager")
+    with mock.patch("vaswani.modeling_vaswani.lean_sample", side_effect=AssertionError("eager")):
+        assert torch.equal(model.generate(**inputs), expected)
+    model.set_attn_implementation("sdpa")
+    model.train()
+    with mock.patch("vaswani.modeling_vaswani.lean_sample", side_effect=AssertionError("training")):
+        model.generate(**inputs)
+
+
+def test_blocker_names_the_reason(tiny_config):
+    model = make_model(tiny_config)
+    assert "training" in lean_decoding_blocker(model.train(), torch.zeros(1, 1), mock.Mock(), False, None, {})
+    model.eval().set_attn_implementation("eager")
+    assert "eager" in lean_decoding_blocker(model, torch.zeros(1, 1), mock.Mock(), False, None, {})
+    assert VaswaniForConditionalGeneration.lean_decoding is True
+
+
+def test_a_fully_padded_source_row_decodes_as_in_transformers(tiny_config):
+    model = make_model(tiny_config, seed=8).double()
+    batch = padded_batch(15, batch=4)
+    attention_mask = batch["attention_mask"].clone()
+    attention_mask[2] = 0  # nothing to attend to: the model lets that row attend everywhere
+    lean, reference, ran = generate_both(
+        model, input_ids=batch["input_ids"], attention_mask=attention_mask, max_new_tokens=8, min_new_tokens=8
+    )
+    assert ran and torch.equal(lean, reference)
