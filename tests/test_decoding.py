@@ -179,3 +179,14 @@ def test_a_fully_padded_source_row_decodes_as_in_transformers(tiny_config):
         model, input_ids=batch["input_ids"], attention_mask=attention_mask, max_new_tokens=8, min_new_tokens=8
     )
     assert ran and torch.equal(lean, reference)
+
+
+def test_bfloat16_model_decodes_as_in_transformers(tiny_config):
+    """bf16 weights and activations, float32 scores (transformers' loop upcasts the logits; so does the lean one)."""
+    model = make_model(tiny_config, seed=3).to(torch.bfloat16)
+    for seed in range(3):
+        batch = padded_batch(seed, batch=6)
+        lean, reference, ran = generate_both(
+            model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12
+        )
+        assert ran and torch.equal(lean, reference)
