@@ -122,7 +122,7 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
     decoder = model.model.decoder
     encoder_states = model_kwargs["encoder_outputs"].last_hidden_state
     cross_mask = _cross_attention_mask(model_kwargs.get("attention_mask"))
-    capacity = max(1, (generation_config.max_length or 20) - 1)
+    capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
     buffers = [_LayerBuffers(layer, encoder_states, capacity) for layer in decoder.layers]
 
     pad_token_id = generation_config._pad_token_tensor
