@@ -89,32 +89,3 @@ def test_keep_last_k(tmp_path):
 def test_empty_dir_has_no_checkpoint(tmp_path):
     assert latest_valid_checkpoint(tmp_path) is None
     assert latest_valid_checkpoint(tmp_path / "missing") is None
-
-
-def test_with_accelerate_save_state_and_load_state(tmp_path):
-    from accelerate import Accelerator
-
-    from vaswani.training.schedule import make_optimizer, make_scheduler
-
-    torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True)
-    model = torch.nn.Linear(4, 4)
-    optimizer = make_optimizer(model, lr=1e-2)
-    scheduler = make_scheduler(optimizer, warmup_steps=3)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    for _ in range(2):
-        accelerator.backward(model(torch.ones(2, 4)).sum())
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-    path = save_checkpoint(tmp_path, 2, accelerator.save_state, epoch=0, batches_done=2,
-                           is_main_process=accelerator.is_main_process,
-                           wait_for_everyone=accelerator.wait_for_everyone)
-    assert "model.safetensors" in json.loads((path / MARKER).read_text())["files"]
-    saved = model.weight.detach().clone()
-    with torch.no_grad():
-        model.weight.zero_()
-    scheduler.step()
-    accelerator.load_state(str(latest_valid_checkpoint(tmp_path).path))
-    assert torch.equal(model.weight, saved)
-    assert scheduler.scheduler.last_epoch == 2

@@ -1,20 +1,19 @@
 """Atomic training checkpoints: write aside, verify, rename; find the newest valid one.
 
 A save goes to `<dir>/.tmp-checkpoint-<step>` through a caller's `save_fn(tmp_dir)` (in the
-loop: `accelerator.save_state`), then a marker `vaswani_state.json` is written LAST with the
+loop: `save_training_state`), then a marker `vaswani_state.json` is written LAST with the
 step, epoch, batches done in that epoch, any extra JSON, and every file's size and sha256.
 Only then is the folder renamed to `<dir>/checkpoint-<step>`, and only after that are older
 checkpoints beyond `keep_last` deleted. A crash at any point leaves either no
 `checkpoint-<step>` or a complete one; `latest_valid_checkpoint` re-checks sizes and hashes,
 skips (with a warning naming it) any checkpoint whose marker is missing or whose files differ.
 
-Trust: `accelerator.save_state(safe_serialization=True)` writes the model as safetensors but
-the optimizer, scheduler, sampler and RNG states as pickles (torch.save). Loading a pickle runs
-code, so load only checkpoints this code wrote: the marker's sha256 list is what
-`latest_valid_checkpoint` verifies before the loop calls `load_state`. Everything this module
+Trust: the loop's `save_fn` (`vaswani.training.train_state`) writes safetensors and JSON only, so
+loading a checkpoint never unpickles anything; the marker's sha256 list is what
+`latest_valid_checkpoint` verifies before the loop restores the state. Everything this module
 writes itself is JSON.
 
-Multi-process: `save_fn` runs on every process (Accelerate writes one RNG file per rank), so
+Multi-process: `save_fn` runs on every process (each writes its own RNG state), so
 pass `is_main_process` and `wait_for_everyone`; only the main process creates, hashes,
 renames and deletes.
 """

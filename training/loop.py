@@ -19,12 +19,13 @@ same update as one process with grad_accum=N from the same batch list.
 
 Exact resume (bit-for-bit on CPU; see notes/ecosystem-offline.md section 2):
 - `set_seed(seed)` before the model is built, so a resumed run builds identical initial weights
-  (then overwritten by `load_state` anyway) and the same data;
+  (then overwritten by the checkpoint anyway) and the same data;
 - the batch order is a function of (seed, epoch) only; the checkpoint marker stores the epoch and
   the batches of it consumed (counted by the loop, not the sampler, which the loader prefetches);
 - the DataLoader has its own generator, so creating iterators never draws from torch's global RNG,
-  which drives dropout; `load_state` restores the Python, numpy and torch RNG states of every
-  rank, and the model, optimizer and scheduler;
+  which drives dropout; `load_training_state` restores the Python, numpy and torch RNG states of
+  every rank, the model, optimizer, scheduler and Accelerate's counters (`vaswani.training.train_state`:
+  safetensors and JSON only, never pickle);
 - evaluation draws no random numbers (dev loss without dropout, greedy/beam search).
 Checkpoints are saved only at update boundaries, so no half-accumulated gradient is lost.
 
@@ -59,6 +60,7 @@ from .evaluation import evaluate
 from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline
+from .train_state import load_training_state, save_training_state
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +237,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         if info is None:
             accelerator.print(f"--resume: no valid checkpoint in {checkpoint_dir}; starting from scratch")
         else:
-            accelerator.load_state(str(info.path))
+            load_training_state(info.path, accelerator, model, optimizer, scheduler)
             if ema is not None:
                 ema.load(info.path)
             step, epoch, batches_done = info.step, info.epoch, info.batches_done
@@ -298,7 +300,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         # an epoch consumed entirely is saved as the start of the next one
         e, b = (epoch + 1, 0) if batches_done >= len(loader) else (epoch, batches_done)
         def save_fn(tmp: Path) -> None:
-            accelerator.save_state(str(tmp))
+            save_training_state(tmp, accelerator, model, optimizer, scheduler)
             if ema is not None and main:
                 ema.save(tmp)
 

@@ -13,7 +13,7 @@ With Accelerate: a scheduler passed to `accelerator.prepare` is stepped num_proc
 per `scheduler.step()` (accelerate/scheduler.py, unless `split_batches=True`), which would make
 warmup N times shorter on N processes. Our steps are optimizer updates of the global batch, so
 build `Accelerator(step_scheduler_with_optimizer=False)` and call `scheduler.step()` once after
-each real update (`if accelerator.sync_gradients:`); prepare it anyway so `save_state` keeps it.
+each real update (`if accelerator.sync_gradients:`); the loop's checkpoints hold its state either way.
 """
 
 from __future__ import annotations
