@@ -243,6 +243,53 @@ def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tm
     assert json.loads((killed / "config.json").read_text())["dropout"] == 0.1
 
 
+def _mean(files, name):
+    return (sum(_tensors(f)[name].double() for f in files) / len(files)).float()
+
+
+def test_average_last_exports_the_mean_of_the_last_checkpoints(workspace, tmp_path):
+    out = tmp_path / "avg"
+    result = _run(["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
+                   "--max_steps", "30", "--save_every", "10", "--keep_last", "3", "--average_last", "3",
+                   "--ema_decay", "0", "--eval_every", "0", "--show", "--output_dir", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = [out / "checkpoints" / f"checkpoint-{s}" / "model.safetensors" for s in (10, 20, 30)]
+    exported = _tensors(out / "model.safetensors")
+    for name in ("model.shared.weight", "model.encoder.layers.0.fc1.weight", "model.decoder.layers.1.fc2.bias"):
+        name = name if name in exported else name.replace(".fc", ".ffn.fc")
+        torch.testing.assert_close(exported[name], _mean(files, name), rtol=0, atol=1e-7)
+    assert not torch.equal(exported["model.shared.weight"], _tensors(files[-1])["model.shared.weight"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dev"]["averaged_steps"] == [10, 20, 30] and metrics["dev"]["step"] == 30
+    assert "the average of steps 10, 20, 30" in result.stdout
+    assert "weights of the average of steps 10, 20, 30" in (out / "README.md").read_text()
+
+
+def test_average_checkpoints_script_on_a_finished_run(trained, tmp_path):
+    out, _ = trained
+    script = ROOT / "scripts" / "average_checkpoints.py"
+    command = [sys.executable, str(script), str(out), "--last", "2", "--output_dir", str(tmp_path / "avg")]
+    result = run_group(command, 240, env=_env(tmp_path), capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "avg"
+    assert {"model.safetensors", "config.json", "modeling_vaswani.py", "spm.model", "README.md",
+            "metrics.json"} <= {p.name for p in folder.iterdir()}
+    # the run kept a weight average (the G2P default): the script averages those, the weights the run evaluates
+    files = [out / "checkpoints" / f"checkpoint-{s}" / "ema.safetensors" for s in (10, 20)]
+    torch.testing.assert_close(_tensors(folder / "model.safetensors")["model.shared.weight"],
+                               _mean(files, "model.shared.weight"), rtol=0, atol=1e-7)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["dev"]["averaged_steps"] == [10, 20] and 0 <= metrics["dev"]["wer"] <= 100
+    assert "Dev (" in result.stdout and "the average of steps 10, 20" in result.stdout
+
+    too_many = run_group([*command[:3], "--last", "3"], 120, env=_env(tmp_path), capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert too_many.returncode == 2 and "holds 2 complete checkpoint(s), fewer than the 3" in too_many.stderr
+    same = run_group([*command[:5], "--output_dir", str(out)], 120, env=_env(tmp_path), capture_output=True,
+                     text=True, cwd=tmp_path)
+    assert same.returncode == 2 and "must differ from the run's folder" in same.stderr
+
+
 def _free_port() -> int:
     import socket
 
@@ -301,6 +348,8 @@ def test_missing_train_file_is_a_clear_error(capsys):
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
         (["--tokenizer", "no/such/dir"], "is not a folder"),
         (["--label_smoothing", "1.5"], "must be in [0, 1)"),
+        (["--average_last", "3"], "pass --keep_last 3 or more (now 2)"),
+        (["--average_last", "0"], "--average_last 0 must be >= 1"),
     ],
 )
 def test_bad_arguments_are_clear_errors(args, message, capsys):

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "config (default 4)")
     e.add_argument("--save_every", type=int, help="updates between checkpoints (0: only at the end)")
     e.add_argument("--keep_last", type=int, default=2, help="checkpoints kept")
+    e.add_argument("--average_last", type=int, default=1, help="export the mean of the weights of the last K "
+                                                               "checkpoints instead of the best one (the paper's "
+                                                               "checkpoint averaging; needs --keep_last >= K)")
     e.add_argument("--log_every", type=int, default=20)
     e.add_argument("--no_progress_bar", action="store_true")
     e.add_argument("--no_tensorboard", action="store_true")
@@ -140,6 +143,11 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"--time_budget: {error}")
     if not 0 <= args.ema_decay < 1:
         parser.error(f"--ema_decay {args.ema_decay} must be in [0, 1) (0: no weight averaging)")
+    if args.average_last < 1:
+        parser.error(f"--average_last {args.average_last} must be >= 1 (1: export the best checkpoint)")
+    if args.average_last > args.keep_last:
+        parser.error(f"--average_last {args.average_last} averages that many checkpoints: pass --keep_last "
+                     f"{args.average_last} or more (now {args.keep_last})")
     if not 0 <= args.label_smoothing < 1:
         parser.error(f"--label_smoothing {args.label_smoothing} must be in [0, 1)")
     try:
@@ -174,6 +182,7 @@ def make_settings(args) -> TrainingSettings:
         eval_batch_size=args.eval_batch_size, num_beams=args.num_beams, save_every=args.save_every,
         keep_last=args.keep_last, log_every=args.log_every, seed=args.seed, mixed_precision=args.mixed_precision,
         cpu=args.cpu, resume=args.resume, attn_implementation=args.attn_implementation, ema_decay=args.ema_decay,
+        average_last=args.average_last,
         progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard,
     )
 
@@ -183,6 +192,62 @@ def _config_for_comparison(config) -> dict:
     for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype", "auto_map"):
         d.pop(key, None)
     return d
+
+
+def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_processes: int, device: str) -> dict:
+    """The end product of a run (main process): show a few outputs, write the Hub-ready folder with its model card
+    and metrics.json into `args.output_dir`, print the dev figures, push if asked; returns the metrics."""
+    from .evaluation import generate_texts
+    from .export import push_folder, write_model_folder
+    from .model_card import build_model_card
+
+    output_dir = Path(args.output_dir)
+    model = result.model
+    show = args.show if args.show is not None else (G2P_NEW_WORDS if data.task == "g2p" else data.dev_sources[:5])
+    outputs = generate_texts(model, tokenizer, show) if show else []
+    dev = {k: v for k, v in result.dev.items() if k != "predictions"}
+    dev["max_length"] = model.generation_config.max_length
+    dev["num_parameters"] = sum(p.numel() for p in model.parameters())
+    metrics = {"task": data.task, "dev": dev, "best_step": result.best_step, "steps": result.step,
+               "epochs_completed": result.epoch, "stopped_by": result.stopped_by,
+               "train_seconds": round(result.train_seconds, 1),
+               "target_tokens_per_second": round(result.target_tokens_per_second, 1),
+               "num_processes": num_processes, "device": device, "history": result.history,
+               "examples": dict(zip(show, outputs))}
+    n_settings = {k: v for k, v in settings_dict(settings).items()
+                  if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
+                           "mixed_precision", "num_beams", "eval_subset", "ema_decay", "average_last")}
+    n_settings.update(num_processes=num_processes, optimizer="Adam(0.9, 0.98, eps 1e-9)",
+                      schedule="linear warmup, then inverse square root")
+    summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
+               f"{result.train_seconds / 60:.1f} minutes on {num_processes} process(es) "
+               f"({device}), about {result.target_tokens_per_second:.0f} target tokens/s; "
+               + (f"the average of the weights of the last {len(result.averaged_steps)} checkpoints (steps "
+                  f"{', '.join(map(str, result.averaged_steps))}) was exported" if result.averaged_steps else
+                  f"the best step by dev {data.metric} on a {settings.eval_subset or 'full'}-source dev subset was "
+                  "kept")
+               + (f" (weights: exponential moving average, decay {settings.ema_decay})." if settings.ema_decay
+                  else "."))
+    weights = (f"the average of steps {', '.join(map(str, result.averaged_steps))}" if result.averaged_steps
+               else f"step {result.best_step}")
+    card = build_model_card(
+        task=data.task, model_name=args.hub_model_id.split("/")[-1] if args.hub_model_id else
+        f"vaswani-{data.task}", config=model.config, dev=dev, dev_size=len(data.dev_sources),
+        weights=weights, data_description=data.description, training_summary=summary,
+        settings=n_settings, repo_id=args.hub_model_id, predictions=list(zip(show, outputs)),
+        examples=show[:3], license=args.license)
+    write_model_folder(output_dir, model, tokenizer, card=card, metrics=metrics)
+    what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if data.task == "g2p" else f"{k} {dev[k]:.2f}"
+                    for k in (("wer", "per") if data.task == "g2p" else ("bleu", "chrf")))
+    print(f"\nDev ({len(data.dev_sources)} {'words' if data.task == 'g2p' else 'sources'}, beam "
+          f"{settings.num_beams}, {weights}): {what}")
+    for source, output in zip(show, outputs):
+        print(f"  {source:<14} {output}")
+    print(f"Model folder: {output_dir}")
+    if args.push_to_hub:
+        url = push_folder(output_dir, args.hub_model_id, private=args.hub_private)
+        print(f"Pushed to {url}")
+    return metrics
 
 
 def main(argv=None) -> dict:
@@ -200,9 +265,8 @@ def main(argv=None) -> dict:
 
     from vaswani import VaswaniConfig, VaswaniTokenizer
 
-    from .export import push_folder, write_model_folder
     from .loop import make_accelerator, train
-    from .model_card import build_model_card, check_metadata
+    from .model_card import check_metadata
     from .tasks import build_tokenizer, load_task_data
 
     check_metadata(args.license, "text2text-generation")
@@ -258,51 +322,82 @@ def main(argv=None) -> dict:
 
     metrics = {}
     if main_process:
-        from .evaluation import generate_texts
-
-        model = result.model
-        show = args.show if args.show is not None else (G2P_NEW_WORDS if data.task == "g2p" else data.dev_sources[:5])
-        outputs = generate_texts(model, tokenizer, show) if show else []
-        dev = {k: v for k, v in result.dev.items() if k != "predictions"}
-        dev["max_length"] = model.generation_config.max_length
-        dev["num_parameters"] = sum(p.numel() for p in model.parameters())
-        metrics = {"task": data.task, "dev": dev, "best_step": result.best_step, "steps": result.step,
-                   "epochs_completed": result.epoch, "stopped_by": result.stopped_by,
-                   "train_seconds": round(result.train_seconds, 1),
-                   "target_tokens_per_second": round(result.target_tokens_per_second, 1),
-                   "num_processes": accelerator.num_processes, "history": result.history,
-                   "examples": dict(zip(show, outputs))}
-        n_settings = {k: v for k, v in settings_dict(settings).items()
-                      if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
-                               "mixed_precision", "num_beams", "eval_subset", "ema_decay")}
-        n_settings.update(num_processes=accelerator.num_processes, optimizer="Adam(0.9, 0.98, eps 1e-9)",
-                          schedule="linear warmup, then inverse square root")
-        summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
-                   f"{result.train_seconds / 60:.1f} minutes on {accelerator.num_processes} process(es) "
-                   f"({accelerator.device.type}), about {result.target_tokens_per_second:.0f} target tokens/s; "
-                   f"the best step by dev {data.metric} on a {settings.eval_subset or 'full'}-source dev subset was kept"
-                   + (f" (weights: exponential moving average, decay {settings.ema_decay})." if settings.ema_decay
-                      else "."))
-        card = build_model_card(
-            task=data.task, model_name=args.hub_model_id.split("/")[-1] if args.hub_model_id else
-            f"vaswani-{data.task}", config=model.config, dev=dev, dev_size=len(data.dev_sources),
-            best_step=result.best_step, data_description=data.description, training_summary=summary,
-            settings=n_settings, repo_id=args.hub_model_id, predictions=list(zip(show, outputs)),
-            examples=show[:3], license=args.license)
-        write_model_folder(output_dir, model, tokenizer, card=card, metrics=metrics)
-        what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if data.task == "g2p" else f"{k} {dev[k]:.2f}"
-                        for k in (("wer", "per") if data.task == "g2p" else ("bleu", "chrf")))
-        print(f"\nDev ({len(data.dev_sources)} {'words' if data.task == 'g2p' else 'sources'}, beam "
-              f"{settings.num_beams}, step {result.best_step}): {what}")
-        for source, output in zip(show, outputs):
-            print(f"  {source:<14} {output}")
-        print(f"Model folder: {output_dir}")
-        if args.push_to_hub:
-            url = push_folder(output_dir, args.hub_model_id, private=args.hub_private)
-            print(f"Pushed to {url}")
+        metrics = export_run(args, settings, data, tokenizer, result, accelerator.num_processes,
+                             accelerator.device.type)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
+
+
+def average_main(argv=None) -> dict:
+    """`scripts/average_checkpoints.py`: the end product of a finished run, from the mean of its last K checkpoints.
+
+    The run's own settings (training_args.json), data, tokenizer and generation config; only the weights differ.
+    Writes a new Hub-ready folder (never the run's own) and returns its metrics.
+    """
+    parser = argparse.ArgumentParser(
+        prog="average_checkpoints.py",
+        description="Average the weights of the last K checkpoints of a finished train.py run, evaluate the average "
+                    "on the full dev set and write it as a Hub-ready model folder.")
+    parser.add_argument("run_dir", help="the --output_dir of a finished scripts/train.py run")
+    parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
+    parser.add_argument("--output_dir", help="the new model folder (default: RUN_DIR-avgK)")
+    parser.add_argument("--num_beams", type=int, help="beam size of the evaluation (default: the run's)")
+    parser.add_argument("--push_to_hub", action="store_true")
+    parser.add_argument("--hub_model_id")
+    parser.add_argument("--hub_private", action="store_true")
+    options = parser.parse_args(argv)
+    run = Path(options.run_dir)
+    missing = [name for name in ("training_args.json", "metrics.json") if not (run / name).is_file()]
+    if missing:
+        parser.error(f"{run} has no {' or '.join(missing)}: pass the --output_dir of a train.py run that finished")
+    output_dir = Path(options.output_dir or f"{str(run).rstrip('/')}-avg{options.last}")
+    if output_dir.resolve() == run.resolve():
+        parser.error("--output_dir must differ from the run's folder, which keeps its own model")
+    if options.push_to_hub and not options.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id (e.g. your-name/vaswani-g2p)")
+
+    logging.basicConfig(level=logging.WARNING)
+    from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
+
+    from .averaging import average_checkpoints
+    from .evaluation import evaluate
+    from .loop import BEST_DIR, TrainingResult
+    from .tasks import encode_pairs, load_task_data
+    from .train_state import load_weights
+
+    args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
+    args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
+    args.keep_last = max(args.keep_last, options.last)
+    args.push_to_hub, args.hub_model_id, args.hub_private = options.push_to_hub, options.hub_model_id, options.hub_private
+    if options.num_beams:
+        args.num_beams = options.num_beams
+    settings = make_settings(args)
+    data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column, args.target_column,
+                          args.dev_percent)
+    state_dir = run / CHECKPOINT_DIR
+    tokenizer = VaswaniTokenizer.from_pretrained(args.tokenizer or state_dir / "tokenizer")
+    try:
+        tensors, steps = average_checkpoints(state_dir, options.last)
+    except ValueError as error:
+        parser.error(str(error))
+    model = VaswaniForConditionalGeneration.from_pretrained(state_dir / BEST_DIR)  # config and generation settings
+    load_weights(model, tensors, f"the average of checkpoints {steps}")
+    if args.attn_implementation:
+        model.set_attn_implementation(args.attn_implementation)
+    model.generation_config.num_beams = settings.num_beams
+    print(f"averaged the weights of steps {steps} of {run}; evaluating on the {len(data.dev_sources)} dev sources "
+          f"(beam {settings.num_beams})")
+    dev = evaluate(model, tokenizer, data.task, data.dev_sources, data.dev_references,
+                   encode_pairs(tokenizer, data.dev_pairs), num_beams=settings.num_beams,
+                   max_length=model.generation_config.max_length, batch_size=settings.eval_batch_size)
+    dev.update(step=steps[-1], averaged_steps=steps)
+    ran = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    result = TrainingResult(step=ran["steps"], epoch=ran["epochs_completed"], best_step=ran["best_step"], dev=dev,
+                            history=ran["history"], train_seconds=ran["train_seconds"],
+                            target_tokens_per_second=ran["target_tokens_per_second"], stopped_by=ran["stopped_by"],
+                            model=model, averaged_steps=steps)
+    return export_run(args, settings, data, tokenizer, result, ran["num_processes"], ran.get("device", "cpu"))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,7 +37,9 @@ Evaluation runs on the main process only while the others wait at a barrier: the
 few thousand short examples, generation is the cost, and one process keeps the metrics simple.
 During training it uses a fixed subset of the dev set (`eval_subset`) and greedy search; the
 best step by the task metric is kept in `<output_dir>/checkpoints/best`; at the end the best
-weights are evaluated on the whole dev set with `num_beams` and become the end product.
+weights are evaluated on the whole dev set with `num_beams` and become the end product. With
+`average_last` K > 1 the end product is instead the mean of the weights of the last K checkpoints
+(`vaswani.training.averaging`, the paper's checkpoint averaging), chosen before the run, not by the dev set.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from .averaging import average_checkpoints
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
 from .checkpoints import latest_valid_checkpoint, save_checkpoint
 from .ema import WeightEMA
@@ -60,7 +63,7 @@ from .evaluation import evaluate
 from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline
-from .train_state import load_training_state, save_training_state
+from .train_state import load_training_state, load_weights, save_training_state
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,7 @@ class TrainingSettings:
     resume: bool = False
     attn_implementation: str | None = None
     ema_decay: float = 0.0  # > 0: evaluate, keep and export an exponential moving average of the weights
+    average_last: int = 1  # > 1: export the average of the last K checkpoints' weights instead of the best one
     max_source_length: int = 256  # longer training examples are dropped (with a warning)
     progress_bar: bool = True
     tensorboard: bool = True
@@ -118,6 +122,12 @@ class TrainingSettings:
             raise ValueError(f"clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
         if not 0 <= self.ema_decay < 1:
             raise ValueError(f"ema_decay={self.ema_decay} must be in [0, 1) (0 turns weight averaging off)")
+        if self.average_last < 1:
+            raise ValueError(f"average_last={self.average_last} must be >= 1 (1: keep the best checkpoint)")
+        if self.average_last > 1 and (self.keep_last < self.average_last or self.save_every < 1):
+            raise ValueError(f"average_last={self.average_last} averages the last {self.average_last} checkpoints: "
+                             f"keep that many (keep_last={self.keep_last}) and save during the run "
+                             f"(save_every={self.save_every})")
         if self.mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose no, fp16 or bf16")
 
@@ -132,7 +142,8 @@ class TrainingResult:
     train_seconds: float = 0.0
     target_tokens_per_second: float = 0.0
     stopped_by: str = ""
-    model: object = None  # the unwrapped best model (main process)
+    model: object = None  # the unwrapped exported model (main process): the best, or the average
+    averaged_steps: list | None = None  # average_last > 1: the steps of the checkpoints averaged
 
 
 def make_accelerator(settings: TrainingSettings):
@@ -392,9 +403,12 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         writer.flush()
 
     dev: dict = {}
-    best_model = None
+    best_model, averaged_steps = None, None
     if main:
         best_model = VaswaniForConditionalGeneration.from_pretrained(checkpoint_dir / BEST_DIR)
+        if settings.average_last > 1:  # the same model, config and generation settings; the averaged weights
+            tensors, averaged_steps = average_checkpoints(checkpoint_dir, settings.average_last)
+            load_weights(best_model, tensors, f"the average of checkpoints {averaged_steps}")
         if settings.attn_implementation:
             best_model.set_attn_implementation(settings.attn_implementation)
         best_model.generation_config.max_length = max_length
@@ -402,8 +416,11 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
         dev_all = encode_pairs(tokenizer, data.dev_pairs)
         dev = evaluate(best_model, tokenizer, data.task, data.dev_sources, data.dev_references, dev_all,
                        num_beams=settings.num_beams, max_length=max_length, batch_size=settings.eval_batch_size)
-        dev["step"] = best["step"]
-        accelerator.print(f"best step {best['step']} on the full dev set ({len(data.dev_sources)} sources, "
+        dev["step"] = averaged_steps[-1] if averaged_steps else best["step"]
+        if averaged_steps:
+            dev["averaged_steps"] = averaged_steps
+        accelerator.print((f"the average of steps {averaged_steps}" if averaged_steps else f"best step {best['step']}")
+                          + f" on the full dev set ({len(data.dev_sources)} sources, "
                           f"beam {settings.num_beams}): loss {dev['loss']:.4f} "
                           + " ".join(f"{k} {dev[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in dev))
         if writer:
@@ -416,7 +433,7 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
     return TrainingResult(step=step, epoch=epoch, best_step=best["step"] if best else None, dev=dev, history=history,
                           train_seconds=train_seconds,
                           target_tokens_per_second=total_tokens / train_seconds if train_seconds else 0.0,
-                          stopped_by=stopped_by, model=best_model)
+                          stopped_by=stopped_by, model=best_model, averaged_steps=averaged_steps)
 
 
 def settings_dict(settings: TrainingSettings) -> dict:

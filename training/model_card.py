@@ -33,7 +33,7 @@ def build_model_card(
     config,
     dev: dict,
     dev_size: int,
-    best_step: int,
+    weights: str,
     data_description: str,
     training_summary: str,
     settings: dict,
@@ -46,6 +46,7 @@ def build_model_card(
 ):
     """A `huggingface_hub.ModelCard` for a trained model; `.save(path)` writes README.md.
 
+    `weights`: which weights were evaluated ("step 1200", "the average of steps 900, 1200").
     `dev`: the final evaluation (keys wer/per or bleu/chrf, loss, num_beams); `settings`: training settings to list.
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -86,7 +87,7 @@ def build_model_card(
         predictions=list(predictions),
         data_description=data_description,
         dev_size=dev_size,
-        best_step=best_step,
+        weights=weights,
         metrics=[(_METRIC_NAMES[k], f"{dev[k]:.2f}") for k in (*metric_keys, "loss") if k in dev],
         wer_rounded=round(dev.get("wer", 0)),
         training_summary=training_summary,
