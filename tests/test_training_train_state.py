@@ -28,16 +28,12 @@ def _run(steps: int):
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     batch = {"input_ids": torch.randint(4, 24, (3, 5)), "labels": torch.randint(4, 24, (3, 4))}
     for _ in range(steps):
-        for _ in range(2):
-            with accelerator.accumulate(model):
-                accelerator.backward(model(**batch).loss)
-                optimizer.step()
-                optimizer.zero_grad()
-        scheduler.step()
+        _step(accelerator, model, optimizer, scheduler, batch)
     return accelerator, model, optimizer, scheduler, batch
 
 
 def _step(accelerator, model, optimizer, scheduler, batch):
+    """One update of two accumulated micro-batches; returns the weights after it."""
     for _ in range(2):
         with accelerator.accumulate(model):
             accelerator.backward(model(**batch).loss)
