@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,6 +303,19 @@ def _losses(folder):
     return [r["loss"] for r in map(json.loads, (folder / "train_log.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+def _two_processes(args, tmp_path, output_dir):
+    """train.py on 2 CPU processes (torchrun); a rank can abort at exit after finishing (gloo, see notes), so the
+    run is judged by its artifacts and retried once."""
+    for attempt in range(2):
+        launcher = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()))
+        result = _run([*args, "--output_dir", str(output_dir)], tmp_path, launcher=launcher, timeout=300)
+        if (output_dir / "metrics.json").exists():
+            return result
+        assert attempt == 0, result.stderr[-4000:]
+        if "--resume" not in args:
+            shutil.rmtree(output_dir, ignore_errors=True)
+
+
 def test_two_cpu_processes_match_one_process_with_the_same_global_batch(workspace, tmp_path):
     """2 ranks x 1 micro-batch per update == 1 rank x 2 micro-batches (grad_accum 2): the sampler deals the same
     global batch list round robin, every micro-batch loss is its own token mean, DDP and accumulation both average."""
@@ -313,15 +327,7 @@ def test_two_cpu_processes_match_one_process_with_the_same_global_batch(workspac
     assert single.returncode == 0, single.stderr[-3000:]
 
     two = tmp_path / "two"
-    for attempt in range(2):  # a rank can abort at exit after finishing (gloo, see notes): judge by artifacts
-        launcher = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()))
-        result = _run([*common, "--output_dir", str(two)], tmp_path, launcher=launcher, timeout=300)
-        if (two / "metrics.json").exists():
-            break
-        assert attempt == 0, result.stderr[-4000:]
-        import shutil
-
-        shutil.rmtree(two, ignore_errors=True)
+    result = _two_processes(common, tmp_path, two)
     metrics = json.loads((two / "metrics.json").read_text())
     assert metrics["num_processes"] == 2 and "MULTI_CPU" in result.stdout
     assert json.loads((one / "metrics.json").read_text())["num_processes"] == 1
@@ -330,6 +336,25 @@ def test_two_cpu_processes_match_one_process_with_the_same_global_batch(workspac
     a, b = _tensors(one / "model.safetensors"), _tensors(two / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0)
+
+
+def test_two_processes_resume_exactly_from_each_rank_s_own_state(workspace, tmp_path):
+    """Each rank restores its own RNG state (dropout is on) and the shared model/optimizer state: stopping at step 4
+    and resuming to step 8 ends with the weights of a run straight to step 8, bit for bit."""
+    common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
+              "--save_every", "2", "--keep_last", "4", "--eval_every", "0", "--show"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    _two_processes([*common, "--max_steps", "8"], tmp_path, straight)
+    _two_processes([*common, "--max_steps", "4"], tmp_path, split)
+    (split / "metrics.json").unlink()
+    resumed = _two_processes([*common, "--max_steps", "8", "--resume"], tmp_path, split)
+    assert "(step 4, epoch" in resumed.stdout and json.loads((split / "metrics.json").read_text())["num_processes"] == 2
+    state = split / "checkpoints" / "checkpoint-8"
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in state.iterdir()}
+    a = _tensors(straight / "checkpoints" / "checkpoint-8" / "model.safetensors")
+    b = _tensors(state / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((split / "config.json").read_text())["dropout"] == 0.1
 
 
 def test_missing_train_file_is_a_clear_error(capsys):
