@@ -55,17 +55,22 @@ def lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, stre
 
 class _LayerBuffers:
     """One decoder layer's self-attention keys/values, (B, H, capacity, D) each, filled position by position and
-    doubled when full; and its cross-attention keys/values, projected once from the encoder output."""
+    doubled when full; and its cross-attention keys/values, projected once from the encoder output.
 
-    def __init__(self, layer, encoder_states: torch.Tensor, capacity: int):
+    `group` > 1 (beam search): rows come in groups of `group` beams of one source, and `sources` holds each source
+    once; the cross-attention keys/values are projected for the sources only, then repeated for their beams (one
+    SDPA row per beam is faster on CPU than a group's queries attending together)."""
+
+    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int, group: int = 1):
         attention = layer.self_attn
-        batch = encoder_states.shape[0]
-        shape = (batch, attention.num_heads, capacity, attention.head_dim)
-        self.keys = encoder_states.new_empty(shape)
-        self.values = encoder_states.new_empty(shape)
+        shape = (rows, attention.num_heads, capacity, attention.head_dim)
+        self.keys = sources.new_empty(shape)
+        self.values = sources.new_empty(shape)
         cross = layer.encoder_attn
-        keys, values = cross._fused_projection(encoder_states, (cross.k_proj, cross.v_proj))
-        self.cross_keys, self.cross_values = cross._split_heads(keys), cross._split_heads(values)
+        keys, values = (cross._split_heads(x) for x in cross._fused_projection(sources, (cross.k_proj, cross.v_proj)))
+        if group > 1:
+            keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+        self.cross_keys, self.cross_values = keys, values
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new position's keys/values; return those of positions 0..position (views, no copy)."""
@@ -75,6 +80,14 @@ class _LayerBuffers:
         self.keys[:, :, position : position + 1] = keys
         self.values[:, :, position : position + 1] = values
         return self.keys[:, :, : position + 1], self.values[:, :, : position + 1]
+
+    def reorder(self, rows: torch.Tensor, sources: torch.Tensor, length: int) -> None:
+        """Beam search: positions 0..length-1 of rows[i] become those of row sources[i] (read before any is written).
+        Only the rows whose beam changed are given: most beams keep their own history from one step to the next.
+        The cross-attention keys/values stay: beams never move across sentences, and a sentence's beams share them."""
+        for cache in (self.keys, self.values):
+            filled = cache[:, :, :length]
+            filled.index_copy_(0, rows, filled.index_select(0, sources))
 
 
 def _attend(attention, query, keys, values, mask) -> torch.Tensor:
@@ -116,34 +129,53 @@ def _cross_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor |
     return None if bool(keep.all()) else keep[:, None, None, :]
 
 
+def _next_token_logits(model, tokens: torch.Tensor, position: int, buffers: list[_LayerBuffers], cross_mask):
+    """The decoder and the LM head on the newest tokens (B, 1) at `position`: logits (B, vocab)."""
+    decoder = model.model.decoder
+    hidden = decoder.embed_tokens(tokens) * decoder.embed_scale
+    hidden = hidden + decoder.embed_positions.range(position, 1, hidden.dtype, hidden.device)
+    for layer, layer_buffers in zip(decoder.layers, buffers):
+        hidden = _decoder_layer_step(layer, hidden, layer_buffers, position, cross_mask)
+    if decoder.layer_norm is not None:
+        hidden = decoder.layer_norm(hidden)
+    logits = model.lm_head(hidden[:, -1])
+    if model.final_logits_bias is not None:
+        logits = logits + model.final_logits_bias.to(logits.dtype)
+    return logits
+
+
+def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list[_LayerBuffers], torch.Tensor | None]:
+    """Every decoder layer's buffers (cross-attention keys/values projected once) and the source mask. `group`:
+    beam search's rows repeat each source `group` times in a row (generate's expansion); checked, then used once."""
+    states = model_kwargs["encoder_outputs"].last_hidden_state
+    mask = model_kwargs.get("attention_mask")
+    rows = states.shape[0]
+    if group > 1:
+        unique = states[::group]
+        repeated = rows % group == 0 and torch.equal(unique.repeat_interleave(group, 0), states)
+        if repeated and mask is not None:
+            repeated = torch.equal(mask[::group].repeat_interleave(group, 0), mask)
+        if repeated:
+            states = unique
+        else:
+            group = 1
+    capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
+    buffers = [_LayerBuffers(layer, states, rows, capacity, group) for layer in model.model.decoder.layers]
+    return buffers, _cross_attention_mask(mask)
+
+
 def lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """Greedy search or sampling from the decoder start token, as `GenerationMixin._sample` returns it when
     `return_dict_in_generate` is off: the sequences (B, T), start token included."""
-    decoder = model.model.decoder
-    encoder_states = model_kwargs["encoder_outputs"].last_hidden_state
-    cross_mask = _cross_attention_mask(model_kwargs.get("attention_mask"))
-    capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
-    buffers = [_LayerBuffers(layer, encoder_states, capacity) for layer in decoder.layers]
-
+    buffers, cross_mask = _start(model, generation_config, model_kwargs)
     pad_token_id = generation_config._pad_token_tensor
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
-    dtype = encoder_states.dtype
     tokens = input_ids[:, -1:]
     while True:
-        position = input_ids.shape[1] - 1
-        hidden = decoder.embed_tokens(tokens) * decoder.embed_scale
-        hidden = hidden + decoder.embed_positions.range(position, 1, dtype, hidden.device)
-        for layer, layer_buffers in zip(decoder.layers, buffers):
-            hidden = _decoder_layer_step(layer, hidden, layer_buffers, position, cross_mask)
-        if decoder.layer_norm is not None:
-            hidden = decoder.layer_norm(hidden)
-        logits = model.lm_head(hidden[:, -1])
-        if model.final_logits_bias is not None:
-            logits = logits + model.final_logits_bias.to(logits.dtype)
-
+        logits = _next_token_logits(model, tokens, input_ids.shape[1] - 1, buffers, cross_mask)
         next_token_scores = logits_processor(input_ids, logits.to(copy=True, dtype=torch.float32))
         if generation_config.do_sample:
             probs = F.softmax(next_token_scores, dim=-1)
@@ -157,3 +189,109 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
         if unfinished_sequences.max() == 0:
             return input_ids
         tokens = next_tokens[:, None]
+
+
+# GenerationMixin's beam-search bookkeeping, reused as is so that every beam setting means what it means there.
+_BEAM_HELPERS = ("_flatten_beam_dim", "_unflatten_beam_dim", "_get_top_k_continuations",
+                 "_get_running_beams_for_next_iteration", "_update_finished_beams", "_check_early_stop_heuristic",
+                 "_beam_search_has_unfinished_sequences")
+
+
+def lean_beam_blocker(model, input_ids, generation_config, synced_gpus, model_kwargs) -> str | None:
+    """Why this `_beam_search` call must use transformers' loop, or None (see `lean_decoding_blocker`)."""
+    missing = [name for name in _BEAM_HELPERS if not callable(getattr(model, name, None))]
+    if missing:
+        return f"this transformers version lacks the beam-search helpers {missing}"
+    if generation_config.low_memory:
+        return "low_memory"
+    return lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, None, model_kwargs)
+
+
+def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+    """Beam search (or beam sampling) from the decoder start token, as `GenerationMixin._beam_search` returns it when
+    `return_dict_in_generate` is off: the best `num_return_sequences` sequences per input, start token included.
+
+    Its steps and their order are transformers' own (log-softmax, the logits processors, the top-K continuations,
+    the stopping criteria, the running and finished beams, the early-stop heuristic), called through the same
+    helper methods; only the decoder step and the cache's reordering (one index_select per layer buffer) are ours.
+    """
+    pad_token_id = generation_config._pad_token_tensor
+    eos_token_id = generation_config._eos_token_tensor
+    do_sample, early_stopping = generation_config.do_sample, generation_config.early_stopping
+    length_penalty, max_length = generation_config.length_penalty, generation_config.max_length
+    num_beams, num_return_sequences = generation_config.num_beams, generation_config.num_return_sequences
+
+    batch_size_unflattened, cur_len = input_ids.shape[:2]
+    batch_size = batch_size_unflattened // num_beams
+    decoder_prompt_len = cur_len
+    device = input_ids.device
+    n_eos_tokens = eos_token_id.shape[0] if eos_token_id is not None else 0
+    beams_to_keep = max(2, 1 + n_eos_tokens) * num_beams
+    top_num_beam_mask = torch.cat((torch.ones(num_beams, dtype=torch.bool),
+                                   torch.zeros(beams_to_keep - num_beams, dtype=torch.bool))).to(device)
+
+    # the running and finished beams, as transformers initialises them
+    output_fill_value = (pad_token_id or eos_token_id[0]) if eos_token_id is not None else -1
+    running_sequences = torch.full((batch_size, num_beams, max_length), fill_value=output_fill_value,
+                                   dtype=torch.int64, device=device)
+    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, num_beams)
+    sequences = running_sequences.detach().clone()
+    running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
+    running_beam_scores[:, 1:] = -1e9
+    beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
+    is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
+    is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+    running_beam_indices = torch.full((batch_size, num_beams, max_length - cur_len), fill_value=-1,
+                                      dtype=torch.int32, device=device)
+    beam_indices = running_beam_indices.detach().clone()
+
+    buffers, cross_mask = _start(model, generation_config, model_kwargs, group=num_beams)
+    identity = torch.arange(batch_size * num_beams, device=device)
+    while True:
+        flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
+        logits = _next_token_logits(model, flat_running_sequences[:, -1:], cur_len - 1, buffers, cross_mask)
+        log_probs = F.log_softmax(logits.to(copy=True, dtype=torch.float32), dim=-1)
+        log_probs = logits_processor(flat_running_sequences, log_probs)
+        log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
+        log_probs = torch.reshape(log_probs, (batch_size, -1))
+
+        topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
+            accumulated_log_probs=log_probs, running_sequences=running_sequences,
+            running_beam_indices=running_beam_indices, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
+            do_sample=do_sample, beams_to_keep=beams_to_keep, num_beams=num_beams, batch_size=batch_size)
+        next_token_hits_stopping_criteria = model._unflatten_beam_dim(
+            stopping_criteria(model._flatten_beam_dim(topk_running_sequences[:, :, : cur_len + 1]), None),
+            batch_size, beams_to_keep)
+        running_sequences, running_beam_scores, running_beam_indices = model._get_running_beams_for_next_iteration(
+            topk_log_probs=topk_log_probs, topk_running_sequences=topk_running_sequences,
+            topk_running_beam_indices=topk_running_beam_indices,
+            next_token_hits_stopping_criteria=next_token_hits_stopping_criteria, num_beams=num_beams)
+        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
+            sequences=sequences, topk_running_sequences=topk_running_sequences, beam_scores=beam_scores,
+            topk_log_probs=topk_log_probs, beam_indices=beam_indices,
+            topk_running_beam_indices=topk_running_beam_indices,
+            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
+            is_sent_finished=is_sent_finished, next_token_hits_stopping_criteria=next_token_hits_stopping_criteria,
+            top_num_beam_mask=top_num_beam_mask, num_beams=num_beams, cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len, length_penalty=length_penalty, early_stopping=early_stopping)
+
+        cur_len += 1
+        is_early_stop_heuristic_unsatisfied = model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
+            running_beam_scores=running_beam_scores, beam_scores=beam_scores, is_sent_finished=is_sent_finished,
+            cur_len=cur_len, max_length=max_length, decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping, length_penalty=length_penalty)
+        if not model._beam_search_has_unfinished_sequences(is_early_stop_heuristic_unsatisfied, is_sent_finished,
+                                                           next_token_hits_stopping_criteria, early_stopping):
+            break
+        beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - 1 - decoder_prompt_len])
+        moved = (beam_idx != identity).nonzero().squeeze(1)  # the rows whose history changes
+        if moved.numel():
+            sources = beam_idx.index_select(0, moved).long()
+            for layer_buffers in buffers:
+                layer_buffers.reorder(moved, sources, cur_len - 1)
+
+    sequences = model._flatten_beam_dim(sequences[:, :num_return_sequences, :])
+    beam_indices = model._flatten_beam_dim(beam_indices[:, :num_return_sequences, :])
+    max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
+    return sequences[:, : decoder_prompt_len + max_generated_length]

@@ -24,7 +24,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
-from .decoding_vaswani import lean_decoding_blocker, lean_sample
+from .decoding_vaswani import lean_beam_blocker, lean_beam_search, lean_decoding_blocker, lean_sample
 from .positions_vaswani import SinusoidalPositions
 
 
@@ -600,6 +600,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             return lean_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
         return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config,
                                synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                     **model_kwargs):
+        """Beam search and beam sampling (`generate` calls this): the lean loop when `lean_beam_blocker` finds nothing
+        against it, else GenerationMixin's loop."""
+        if lean_beam_blocker(self, input_ids, generation_config, synced_gpus, model_kwargs) is None:
+            return lean_beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                                    **model_kwargs)
+        return super()._beam_search(input_ids, logits_processor, stopping_criteria, generation_config,
+                                    synced_gpus=synced_gpus, **model_kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

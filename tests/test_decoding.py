@@ -1,5 +1,5 @@
-"""The lean greedy/sampling loop (modeling/decoding_vaswani.py) against transformers' own loop on the same model:
-the same sequences for every generation setting it serves, and a clean fallback for those it does not."""
+"""The lean greedy/sampling and beam-search loops (modeling/decoding_vaswani.py) against transformers' own loops on
+the same model: the same sequences for every generation setting they serve, and a clean fallback for the others."""
 
 from unittest import mock
 
@@ -13,17 +13,17 @@ from vaswani.decoding_vaswani import _LayerBuffers, lean_decoding_blocker
 from test_modeling import make_model, padded_batch
 
 
-def generate_both(model, **kwargs):
+def generate_both(model, lean_function="lean_sample", **kwargs):
     """(lean loop output, transformers' loop output, whether the lean loop ran) for the same call."""
     calls = []
-    original = decoding_vaswani.lean_sample
+    original = getattr(decoding_vaswani, lean_function)
 
     def spy(*args, **kw):
         calls.append(1)
         return original(*args, **kw)
 
     seed = kwargs.pop("seed", None)
-    with mock.patch("vaswani.modeling_vaswani.lean_sample", spy):
+    with mock.patch(f"vaswani.modeling_vaswani.{lean_function}", spy):
         if seed is not None:
             torch.manual_seed(seed)
         lean = model.generate(**kwargs)
@@ -125,7 +125,7 @@ def test_buffers_grow_past_their_capacity(tiny_config):
     model = make_model(tiny_config)
     layer = model.model.decoder.layers[0]
     encoder_states = torch.randn(2, 5, tiny_config.d_model)
-    buffers = _LayerBuffers(layer, encoder_states, capacity=2)
+    buffers = _LayerBuffers(layer, encoder_states, rows=2, capacity=2)
     written = [torch.randn(2, 4, 1, 4) for _ in range(5)]
     for position, keys in enumerate(written):
         seen_keys, seen_values = buffers.append(keys, -keys, position)
@@ -190,3 +190,125 @@ def test_bfloat16_model_decodes_as_in_transformers(tiny_config):
             model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12
         )
         assert ran and torch.equal(lean, reference)
+
+
+# ---- beam search -------------------------------------------------------------------------------------------------
+
+def beam_both(model, **kwargs):
+    return generate_both(model, "lean_beam_search", **kwargs)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("final_logits_bias", [False, True])
+def test_beam_search_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
+    tiny_config.normalize_before = normalize_before
+    tiny_config.final_logits_bias = final_logits_bias
+    tiny_config.position_encoding = "sinusoidal_split" if normalize_before else "sinusoidal_interleaved"
+    model = make_model(tiny_config, seed=3).double()
+    if final_logits_bias:
+        model.final_logits_bias.normal_(0, 1.0)
+    moved = []
+    original = _LayerBuffers.reorder
+
+    def count(self, rows, sources, length):
+        moved.append(len(rows))
+        return original(self, rows, sources, length)
+
+    with mock.patch.object(_LayerBuffers, "reorder", count):
+        for seed in range(3):
+            batch = padded_batch(seed, batch=5)
+            lean, reference, ran = beam_both(model, input_ids=batch["input_ids"],
+                                             attention_mask=batch["attention_mask"], max_new_tokens=12, num_beams=4)
+            assert ran and torch.equal(lean, reference)
+            assert lean.shape[1] > 2
+    assert sum(moved) > 0  # beams did change their histories: the buffers were reordered
+
+
+def test_beam_settings_behave_as_in_transformers(tiny_config):
+    model = make_model(tiny_config, seed=5).double()
+    batch = padded_batch(12, batch=5)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4  # beams finish at different steps
+    eos = tiny_config.eos_token_id
+    settings = [
+        dict(num_beams=3, max_new_tokens=15),
+        dict(num_beams=5, max_new_tokens=12, num_return_sequences=3),
+        dict(num_beams=4, max_new_tokens=12, length_penalty=0.0, early_stopping="never"),
+        dict(num_beams=4, max_new_tokens=12, length_penalty=2.0, early_stopping="never"),
+        dict(num_beams=4, max_new_tokens=12, length_penalty=-1.0, early_stopping=True),
+        dict(num_beams=4, max_new_tokens=12, early_stopping=False),
+        dict(num_beams=4, max_new_tokens=15, min_new_tokens=6),
+        dict(num_beams=3, max_length=7),
+        dict(num_beams=4, max_new_tokens=10, repetition_penalty=1.7, no_repeat_ngram_size=2),
+        dict(num_beams=4, max_new_tokens=10, forced_eos_token_id=eos),
+        dict(num_beams=4, max_new_tokens=10, eos_token_id=[eos, 7], bad_words_ids=[[9], [11]]),
+        dict(num_beams=4, max_new_tokens=10, do_sample=True, top_k=8, seed=0),
+        dict(num_beams=3, max_new_tokens=10, do_sample=True, temperature=0.8, num_return_sequences=2, seed=1),
+    ]
+    shorter = 0
+    for setting in settings:
+        lean, reference, ran = beam_both(model, **inputs, **setting)
+        assert ran, setting
+        assert torch.equal(lean, reference), setting
+        shorter += int((lean[:, 1:-1] == eos).any())
+    assert shorter >= 3  # hypotheses finished at different lengths (and were filled up)
+
+
+def test_beam_search_float32_bfloat16_padding_and_user_criteria(tiny_config):
+    model = make_model(tiny_config, seed=9)
+    batch = padded_batch(16, batch=4)
+    attention_mask = batch["attention_mask"].clone()
+    attention_mask[2] = 0  # a fully padded source row
+    lean, reference, ran = beam_both(model, input_ids=batch["input_ids"], attention_mask=attention_mask,
+                                     max_new_tokens=10, num_beams=5)
+    assert ran and torch.equal(lean, reference)
+    lean, reference, ran = beam_both(model, input_ids=batch["input_ids"], max_new_tokens=20, min_new_tokens=20,
+                                     num_beams=3, stopping_criteria=StoppingCriteriaList([StopAfter(6)]))
+    assert ran and torch.equal(lean, reference) and lean.shape[1] == 6
+    model = model.to(torch.bfloat16)
+    lean, reference, ran = beam_both(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                     max_new_tokens=10, num_beams=4)
+    assert ran and torch.equal(lean, reference)
+
+
+def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
+    """The beams of a source share its cross-attention keys/values: projected for the sources, repeated per beam,
+    equal to projecting every row; rows that are not whole groups of repeats are projected one by one."""
+    model = make_model(tiny_config, seed=10).double()
+    layer = model.model.decoder.layers[1]
+    sources = torch.randn(3, 5, tiny_config.d_model, dtype=torch.float64)
+    expanded = sources.repeat_interleave(4, 0)
+    generation_config = mock.Mock(max_length=6)
+    kwargs = {"encoder_outputs": mock.Mock(last_hidden_state=expanded), "attention_mask": torch.ones(12, 5)}
+    projected = mock.Mock(wraps=layer.encoder_attn._fused_projection)
+    with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
+        grouped, _ = decoding_vaswani._start(model, generation_config, kwargs, group=4)
+    assert projected.call_args.args[0].shape[0] == 3  # the sources only
+    plain, _ = decoding_vaswani._start(model, generation_config, kwargs, group=1)
+    torch.testing.assert_close(grouped[1].cross_keys, plain[1].cross_keys, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grouped[1].cross_values, plain[1].cross_values, rtol=1e-12, atol=1e-12)
+    shuffled = {**kwargs, "encoder_outputs": mock.Mock(last_hidden_state=expanded.flip(0).roll(1, 0))}
+    with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
+        decoding_vaswani._start(model, generation_config, shuffled, group=4)
+    assert projected.call_args.args[0].shape[0] == 12  # not repeats: every row
+
+
+def test_beam_calls_it_does_not_serve_fall_back(tiny_config):
+    model = make_model(tiny_config, seed=7)
+    batch = padded_batch(14)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6,
+                  num_beams=3)
+    expected = model.generate(**inputs)
+    for name, extra in {"return_dict_in_generate": dict(return_dict_in_generate=True, output_scores=True),
+                        "use_cache=False": dict(use_cache=False)}.items():
+        with mock.patch("vaswani.modeling_vaswani.lean_beam_search", side_effect=AssertionError(name)):
+            out = model.generate(**inputs, **extra)
+        assert torch.equal(out.sequences if name == "return_dict_in_generate" else out, expected), name
+    model.set_attn_implementation("eager")
+    with mock.patch("vaswani.modeling_vaswani.lean_beam_search", side_effect=AssertionError("eager")):
+        assert torch.equal(model.generate(**inputs), expected)
+    model.set_attn_implementation("sdpa")
+    with mock.patch.object(type(model), "_get_top_k_continuations", None, create=True), \
+            mock.patch("vaswani.modeling_vaswani.lean_beam_search", side_effect=AssertionError("helpers")):
+        assert "beam-search helpers" in decoding_vaswani.lean_beam_blocker(model, batch["input_ids"][:, :1],
+                                                                           model.generation_config, False, {})
