@@ -37,15 +37,21 @@ def generate_both(model, lean_function="lean_sample", **kwargs):
     return lean, reference, bool(calls)
 
 
-@pytest.mark.parametrize("normalize_before", [False, True])
-@pytest.mark.parametrize("final_logits_bias", [False, True])
-def test_greedy_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
+def float64_variant(tiny_config, normalize_before: bool, final_logits_bias: bool):
+    """A float64 tiny model, pre- or post-LN (with the matching position layout), with or without a logits bias."""
     tiny_config.normalize_before = normalize_before
     tiny_config.final_logits_bias = final_logits_bias
     tiny_config.position_encoding = "sinusoidal_split" if normalize_before else "sinusoidal_interleaved"
     model = make_model(tiny_config, seed=3).double()
     if final_logits_bias:
         model.final_logits_bias.normal_(0, 1.0)
+    return model
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("final_logits_bias", [False, True])
+def test_greedy_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
+    model = float64_variant(tiny_config, normalize_before, final_logits_bias)
     for seed in range(3):
         batch = padded_batch(seed, batch=6)
         lean, reference, ran = generate_both(
@@ -201,12 +207,7 @@ def beam_both(model, **kwargs):
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("final_logits_bias", [False, True])
 def test_beam_search_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
-    tiny_config.normalize_before = normalize_before
-    tiny_config.final_logits_bias = final_logits_bias
-    tiny_config.position_encoding = "sinusoidal_split" if normalize_before else "sinusoidal_interleaved"
-    model = make_model(tiny_config, seed=3).double()
-    if final_logits_bias:
-        model.final_logits_bias.normal_(0, 1.0)
+    model = float64_variant(tiny_config, normalize_before, final_logits_bias)
     moved = []
     original = _LayerBuffers.reorder
 
