@@ -151,7 +151,7 @@ def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list
     mask = model_kwargs.get("attention_mask")
     rows = states.shape[0]
     if group > 1:
-        unique = states[::group]
+        unique = states[::group].contiguous()  # a strided view would make the projection a bmm
         repeated = rows % group == 0 and torch.equal(unique.repeat_interleave(group, 0), states)
         if repeated and mask is not None:
             repeated = torch.equal(mask[::group].repeat_interleave(group, 0), mask)

@@ -124,12 +124,17 @@ def test_generation_gemm_shapes_are_the_ones_generate_runs(num_beams):
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=num_beams, do_sample=False,
         decoder_start_token_id=benchmark.START, pad_token_id=benchmark.PAD, eos_token_id=benchmark.EOS,
     )
-    expected = sum(2 * m * k * n * c for m, k, n, c in
-                   benchmark._generation_linear_shapes("quick", num_beams, sentences, new_tokens))
-    for model in (marian, vaswani):  # the same shapes for both: the ceiling is Marian's as much as ours
+    def flops(**kwargs):
+        return sum(2 * m * k * n * c for m, k, n, c in
+                   benchmark._generation_linear_shapes("quick", num_beams, sentences, new_tokens, **kwargs))
+
+    # Marian's shapes make the ceiling; vaswani's lean beam search projects the cross-attention keys/values once per
+    # sentence instead of once per beam, so with beams it does fewer FLOPs than Marian
+    for model, expected in ((marian, flops()), (vaswani, flops(cross_per_source=True))):
         model.eval().set_attn_implementation("sdpa")
         with torch.inference_mode():
             assert _gemm_flops(lambda: model.generate(input_ids=input_ids, generation_config=config)) == expected
+    assert (flops(cross_per_source=True) < flops()) == (num_beams > 1)
 
 
 def test_ideal_generation_time_is_positive_and_grows_with_the_beams():

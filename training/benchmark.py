@@ -294,18 +294,19 @@ def ideal_step_seconds(size: str, repeats: int = 3) -> float:
     return total
 
 
-def _generation_linear_shapes(size: str, num_beams: int, sentences: int = SENTENCES,
-                              new_tokens: int = NEW_TOKENS) -> list[tuple[int, int, int, int]]:
+def _generation_linear_shapes(size: str, num_beams: int, sentences: int = SENTENCES, new_tokens: int = NEW_TOKENS,
+                              cross_per_source: bool = False) -> list[tuple[int, int, int, int]]:
     """(rows, in, out, count) of every Linear of one `generate` call as `compare_generation` makes it: the encoder
-    once over the sentences, the cross-attention keys and values once over the beams' copies of the encoder output,
-    then each decoding step's layers and output projection at one row per hypothesis."""
+    once over the sentences, the cross-attention keys and values once over the beams' copies of the encoder output
+    (Marian; `cross_per_source`: once over the sentences, as vaswani's lean beam search does), then each decoding
+    step's layers and output projection at one row per hypothesis. The ceiling is computed with Marian's shapes."""
     s = SIZES[size]
     d, f, layers = s["d_model"], s["ffn"], s["layers"]
     source_rows, hypotheses = sentences * s["source"], sentences * num_beams
     return [
         (source_rows, d, d, 4 * layers),  # encoder q, k, v, o
         (source_rows, d, f, layers), (source_rows, f, d, layers),  # encoder FFN
-        (source_rows * num_beams, d, d, 2 * layers),  # cross-attention k, v (computed once, then cached)
+        (source_rows * (1 if cross_per_source else num_beams), d, d, 2 * layers),  # cross k, v (once, then cached)
         (hypotheses, d, d, 6 * layers * new_tokens),  # per step: self q, k, v, o and cross q, o
         (hypotheses, d, f, layers * new_tokens), (hypotheses, f, d, layers * new_tokens),  # per step: FFN
         (hypotheses, d, s["vocab"], new_tokens),  # per step: output projection
