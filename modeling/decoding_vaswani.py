@@ -144,21 +144,22 @@ def _next_token_logits(model, tokens: torch.Tensor, position: int, buffers: list
     return logits
 
 
+def _repeats(x: torch.Tensor, group: int) -> bool:
+    """Whether the rows of `x` are each row of `x[::group]` repeated `group` times in a row (compared in place)."""
+    grouped = x.reshape(x.shape[0] // group, group, *x.shape[1:])
+    return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
+
+
 def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list[_LayerBuffers], torch.Tensor | None]:
     """Every decoder layer's buffers (cross-attention keys/values projected once) and the source mask. `group`:
     beam search's rows repeat each source `group` times in a row (generate's expansion); checked, then used once."""
     states = model_kwargs["encoder_outputs"].last_hidden_state
     mask = model_kwargs.get("attention_mask")
     rows = states.shape[0]
-    if group > 1:
-        unique = states[::group].contiguous()  # a strided view would make the projection a bmm
-        repeated = rows % group == 0 and torch.equal(unique.repeat_interleave(group, 0), states)
-        if repeated and mask is not None:
-            repeated = torch.equal(mask[::group].repeat_interleave(group, 0), mask)
-        if repeated:
-            states = unique
-        else:
-            group = 1
+    if group > 1 and rows % group == 0 and all(x is None or _repeats(x, group) for x in (states, mask)):
+        states = states[::group].contiguous()  # a strided view would make the projection a bmm
+    else:
+        group = 1
     capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
     buffers = [_LayerBuffers(layer, states, rows, capacity, group) for layer in model.model.decoder.layers]
     return buffers, _cross_attention_mask(mask)
@@ -250,7 +251,7 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
         logits = _next_token_logits(model, flat_running_sequences[:, -1:], cur_len - 1, buffers, cross_mask)
-        log_probs = F.log_softmax(logits.to(copy=True, dtype=torch.float32), dim=-1)
+        log_probs = F.log_softmax(logits.float(), dim=-1)  # a new tensor: no copy needed first
         log_probs = logits_processor(flat_running_sequences, log_probs)
         log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
         log_probs = torch.reshape(log_probs, (batch_size, -1))

@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vaswani.training.averaging import average_checkpoints, valid_checkpoints
-from vaswani.training.checkpoints import MARKER, save_checkpoint
+from vaswani.training.averaging import average_checkpoints
+from vaswani.training.checkpoints import MARKER, save_checkpoint, valid_checkpoints
 
 
 def _write(folder, step, tensors, name="ema.safetensors"):

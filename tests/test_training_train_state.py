@@ -115,3 +115,18 @@ def test_weights_file_holds_tied_tensors_once_and_rejects_another_model(tmp_path
     bigger = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=24, encoder_layers=3))
     with pytest.raises(ValueError, match=r"does not match the model \(missing \['model.encoder.layers.2"):
         load_weights(bigger, load_file(str(tmp_path / "w.safetensors")))
+
+
+def test_the_float16_gradient_scaler_is_kept_and_a_mismatch_is_refused(tmp_path):
+    """GPU fp16 runs keep a GradScaler; its JSON state comes back exactly (a CPU scaler stands in for it here)."""
+    accelerator, model, optimizer, scheduler, _ = _run(1)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    accelerator.scaler.load_state_dict({**accelerator.scaler.state_dict(), "scale": 96.5, "_growth_tracker": 2})
+    save_training_state(tmp_path, accelerator, model, optimizer, scheduler)
+    saved = accelerator.scaler.state_dict()
+    accelerator.scaler = torch.amp.GradScaler("cpu")
+    load_training_state(tmp_path, accelerator, model, optimizer, scheduler)
+    assert accelerator.scaler.state_dict() == saved and saved["scale"] == 96.5 and saved["_growth_tracker"] == 2
+    accelerator.scaler = None
+    with pytest.raises(ValueError, match="with a float16 gradient scaler; resume with the same --mixed_precision"):
+        load_training_state(tmp_path, accelerator, model, optimizer, scheduler)

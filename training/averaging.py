@@ -18,17 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .checkpoints import _NAME, checkpoint_problem, read_checkpoint
+from .checkpoints import valid_checkpoints
 from .ema import EMA_FILE
 from .train_state import MODEL_FILE
-
-
-def valid_checkpoints(checkpoint_dir: str | Path) -> list:
-    """The complete checkpoints of a run (marker and file hashes checked), oldest first."""
-    folder = Path(checkpoint_dir)
-    paths = [p for p in folder.iterdir() if p.is_dir() and _NAME.match(p.name)] if folder.is_dir() else []
-    infos = [read_checkpoint(p) for p in paths if checkpoint_problem(p) is None]
-    return sorted(infos, key=lambda info: info.step)
 
 
 def weights_file(checkpoint: str | Path) -> Path:

@@ -141,14 +141,19 @@ def save_checkpoint(
     return final
 
 
+def _numbered(output_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `checkpoint-<step>` folder in `output_dir`, oldest first (none if it does not exist)."""
+    if not output_dir.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in output_dir.iterdir() if (m := _NAME.match(p.name)))
+
+
 def _prune(output_dir: Path, newest: int, keep_last: int) -> None:
     """Delete checkpoints older than the `keep_last` newest complete ones with step <= `newest`.
 
     Checkpoints with a larger step (from a run that was resumed from an earlier point) are left.
     """
-    older = sorted(
-        (int(m.group(1)), p) for p in output_dir.iterdir() if (m := _NAME.match(p.name)) and int(m.group(1)) <= newest
-    )
+    older = [(step, p) for step, p in _numbered(output_dir) if step <= newest]
     complete = [(s, p) for s, p in older if (p / MARKER).is_file()]
     keep = {p for _, p in complete[-keep_last:]}
     for _, path in older:
@@ -197,17 +202,23 @@ def latest_valid_checkpoint(output_dir: str | Path, check_hashes: bool = True) -
     of an interrupted save, is skipped with a warning naming it and the reason.
     """
     output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return None
-    candidates = []
-    for p in output_dir.iterdir():
-        if p.name.startswith(_TMP_PREFIX):
-            logger.warning("ignoring %s: an interrupted save (partial checkpoint)", p)
-        elif m := _NAME.match(p.name):
-            candidates.append((int(m.group(1)), p))
-    for _, path in sorted(candidates, reverse=True):
+    for p in output_dir.glob(f"{_TMP_PREFIX}*"):
+        logger.warning("ignoring %s: an interrupted save (partial checkpoint)", p)
+    for _, path in reversed(_numbered(output_dir)):
         problem = checkpoint_problem(path, check_hashes=check_hashes)
         if problem is None:
             return read_checkpoint(path)
         logger.warning("skipping checkpoint %s: %s", path, problem)
     return None
+
+
+def valid_checkpoints(output_dir: str | Path) -> list[CheckpointInfo]:
+    """Every intact checkpoint in `output_dir`, oldest first; the others are skipped with a warning naming them."""
+    infos = []
+    for _, path in _numbered(Path(output_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            infos.append(read_checkpoint(path))
+        else:
+            logger.warning("skipping checkpoint %s: %s", path, problem)
+    return infos

@@ -368,7 +368,6 @@ def average_main(argv=None) -> dict:
 
     args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
     args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
-    args.keep_last = max(args.keep_last, options.last)
     args.push_to_hub, args.hub_model_id, args.hub_private = options.push_to_hub, options.hub_model_id, options.hub_private
     if options.num_beams:
         args.num_beams = options.num_beams

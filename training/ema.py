@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 from torch.optim.swa_utils import AveragedModel
+
+from .train_state import load_weights, save_weights
 
 EMA_FILE = "ema.safetensors"
 
@@ -55,9 +57,8 @@ class WeightEMA:
         self._averaged.update_parameters(model)
 
     def save(self, folder: str | Path) -> None:
-        """The averaged parameters (tied ones once, by their first name) to `folder/ema.safetensors`."""
-        tensors = {name: p.detach().contiguous() for name, p in self.module.named_parameters()}
-        save_file(tensors, str(Path(folder) / EMA_FILE), metadata={"updates": str(self.updates)})
+        """The averaged weights (tied ones once, by their first name) to `folder/ema.safetensors`."""
+        save_weights(self.module, Path(folder) / EMA_FILE, metadata={"updates": str(self.updates)})
 
     @torch.no_grad()
     def load(self, folder: str | Path) -> None:
@@ -65,15 +66,10 @@ class WeightEMA:
         if not path.is_file():
             raise ValueError(f"{folder} has no {EMA_FILE}: the run being resumed did not average its weights; "
                              "resume with --ema_decay 0, or start a new run")
-        params = dict(self.module.named_parameters())
         with safe_open(str(path), framework="pt") as f:
-            if set(f.keys()) != params.keys():
-                missing, unexpected = sorted(params.keys() - set(f.keys())), sorted(set(f.keys()) - params.keys())
-                raise ValueError(f"{path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
             updates = (f.metadata() or {}).get("updates")
-            if updates is None:  # without it the decay's warm-up would restart: the resume would not be exact
-                raise ValueError(f"{path} has no update count in its metadata; it was not written by "
-                                 "WeightEMA.save. Resume with --ema_decay 0, or start a new run")
-            for name, p in params.items():
-                p.copy_(f.get_tensor(name))
+        load_weights(self.module, load_file(str(path)), str(path))
+        if updates is None:  # without it the decay's warm-up would restart: the resume would not be exact
+            raise ValueError(f"{path} has no update count in its metadata; it was not written by "
+                             "WeightEMA.save. Resume with --ema_decay 0, or start a new run")
         self._averaged.n_averaged.fill_(int(updates))
