@@ -273,21 +273,26 @@ def test_beam_search_float32_bfloat16_padding_and_user_criteria(tiny_config):
 
 
 def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
-    """The beams of a source share its cross-attention keys/values: projected for the sources, repeated per beam,
-    equal to projecting every row; rows that are not whole groups of repeats are projected one by one."""
+    """The beams of a source share its cross-attention keys/values: projected for the sources and kept once per
+    source (the beams attend to them together), equal to projecting every row; the source mask is per source too;
+    rows that are not whole groups of repeats are projected one by one."""
     model = make_model(tiny_config, seed=10).double()
     layer = model.model.decoder.layers[1]
     sources = torch.randn(3, 5, tiny_config.d_model, dtype=torch.float64)
     expanded = sources.repeat_interleave(4, 0)
     generation_config = mock.Mock(max_length=6)
-    kwargs = {"encoder_outputs": mock.Mock(last_hidden_state=expanded), "attention_mask": torch.ones(12, 5)}
+    source_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    kwargs = {"encoder_outputs": mock.Mock(last_hidden_state=expanded),
+              "attention_mask": source_mask.repeat_interleave(4, 0)}
     projected = mock.Mock(wraps=layer.encoder_attn._fused_projection)
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
-        grouped, _ = decoding_vaswani._start(model, generation_config, kwargs, group=4)
+        grouped, grouped_mask = decoding_vaswani._start(model, generation_config, kwargs, group=4)
     assert projected.call_args.args[0].shape[0] == 3  # the sources only
-    plain, _ = decoding_vaswani._start(model, generation_config, kwargs, group=1)
-    torch.testing.assert_close(grouped[1].cross_keys, plain[1].cross_keys, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(grouped[1].cross_values, plain[1].cross_values, rtol=1e-12, atol=1e-12)
+    assert grouped[1].group == 4 and torch.equal(grouped_mask[:, 0, 0], source_mask.bool())
+    plain, plain_mask = decoding_vaswani._start(model, generation_config, kwargs, group=1)
+    assert plain[1].group == 1 and plain_mask.shape[0] == 12
+    torch.testing.assert_close(grouped[1].cross_keys, plain[1].cross_keys[::4], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grouped[1].cross_values, plain[1].cross_values[::4], rtol=1e-12, atol=1e-12)
     shuffled = {**kwargs, "encoder_outputs": mock.Mock(last_hidden_state=expanded.flip(0).roll(1, 0))}
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
         decoding_vaswani._start(model, generation_config, shuffled, group=4)
