@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one command for a lent GPU machine (the `device` tool): gpu_check.py (flash-attention-2 and SDPA against
+# eager in bf16, padded) and gpu_benchmark.py (base and big sizes), logs and JSON into $OUT.
+#
+# That machine has CUDA PyTorch but transformers 5.17 and no network, so carry transformers 5.24 as a wheel:
+#   here, once:  echo /.whl/ >> .git/info/exclude
+#                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#                  --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
+#   device:      run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=540)
+# This package is not built there: its three folders are copied into a `vaswani` package under $SITE (the layout
+# pyproject's package-dir gives), so no build backend is needed.
+#
+# GPU_RUN_SMOKE=1 runs both scripts on the CPU at the tiny size (the suite's test of this file); PYTHON picks the
+# interpreter (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_out}
+site=${SITE:-/tmp/site}
+python=${PYTHON:-python3}
+mkdir -p "$out" "$site/vaswani"
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+        || { echo "gpu_run: installing the carried wheels failed" >&2; exit 1; }
+fi
+cp modeling/*.py "$site/vaswani/" && cp -r tokenizer training "$site/vaswani/" || exit 1
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+if [ -n "${GPU_RUN_SMOKE:-}" ]; then
+    check_args=(--device cpu --preset tiny --vocab_size 100 --batch 4 --src_len 9 --tgt_len 7)
+    bench_args=(--device cpu --dtype float32 --sizes tiny --vocab_size 100 --batch 4 --length 8 --rounds 1
+                --new_tokens 4 --peak_n 256)
+else
+    check_args=()
+    bench_args=()
+    nvidia-smi 2>&1 | tee "$out/nvidia-smi.txt"
+fi
+
+"$python" - <<'EOF' 2>&1 | tee "$out/versions.txt" || exit 1
+import torch, transformers, vaswani
+device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, vaswani from {vaswani.__file__}, {device}")
+EOF
+status=0
+timeout 180 "$python" scripts/gpu_check.py "${check_args[@]}" 2>&1 | tee "$out/gpu_check.log" || status=1
+timeout 330 "$python" scripts/gpu_benchmark.py "${bench_args[@]}" --output "$out/gpu_benchmark.json" 2>&1 \
+    | tee "$out/gpu_benchmark.log" || status=1
+exit $status
