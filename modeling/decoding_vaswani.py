@@ -62,15 +62,15 @@ class _LayerBuffers:
     attend to them together, as `group` queries of one SDPA row (reading a source's keys once per step, not once per
     beam: 2.1x faster at the base size's 64 source tokens, measured; no slower at 12)."""
 
-    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int, group: int = 1):
+    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int):
         attention = layer.self_attn
         shape = (rows, attention.num_heads, capacity, attention.head_dim)
         self.keys = sources.new_empty(shape)
         self.values = sources.new_empty(shape)
         cross = layer.encoder_attn
         keys, values = (cross._split_heads(x) for x in cross._fused_projection(sources, (cross.k_proj, cross.v_proj)))
-        self.group = group
         self.cross_keys, self.cross_values = keys, values
+        self.group = rows // sources.shape[0]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new position's keys/values; return those of positions 0..position (views, no copy)."""
@@ -91,9 +91,10 @@ class _LayerBuffers:
 
 
 def _attend(attention, query, keys, values, mask) -> torch.Tensor:
-    """SDPA for one new position: query (B, H, 1, D) -> (B, 1, d_model) after the output projection."""
+    """SDPA for one new position per row: query (B, H, G, D), G rows' queries attending to the same keys (G = 1
+    but for beam search's cross-attention) -> (B * G, 1, d_model) after the output projection."""
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=attention.scaling)
-    return attention.o_proj(out.transpose(1, 2).flatten(-2))
+    return attention.o_proj(out.transpose(1, 2).reshape(query.shape[0] * query.shape[2], 1, -1))
 
 
 def _decoder_layer_step(layer, hidden: torch.Tensor, buffers: _LayerBuffers, position: int, cross_mask):
@@ -111,12 +112,9 @@ def _decoder_layer_step(layer, hidden: torch.Tensor, buffers: _LayerBuffers, pos
 
     def cross_attention(x):
         attention = layer.encoder_attn
-        rows, group = x.shape[0], buffers.group
         # (rows, 1, d_model) -> (sources, H, group, D): the beams of a source are the queries of one SDPA row
-        query = attention.q_proj(x).view(rows // group, group, attention.num_heads, attention.head_dim)
-        out = F.scaled_dot_product_attention(query.transpose(1, 2), buffers.cross_keys, buffers.cross_values,
-                                             attn_mask=cross_mask, scale=attention.scaling)
-        return attention.o_proj(out.transpose(1, 2).reshape(rows, 1, -1))
+        query = attention.q_proj(x).view(-1, buffers.group, attention.num_heads, attention.head_dim).transpose(1, 2)
+        return _attend(attention, query, buffers.cross_keys, buffers.cross_values, cross_mask)
 
     hidden = layer._residual(layer.self_attn_layer_norm, hidden, self_attention)
     hidden = layer._residual(layer.encoder_attn_layer_norm, hidden, cross_attention)
@@ -162,12 +160,9 @@ def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list
     rows = states.shape[0]
     if group > 1 and rows % group == 0 and all(x is None or _repeats(x, group) for x in (states, mask)):
         states = states[::group].contiguous()  # a strided view would make the projection a bmm
-    else:
-        group = 1
+        mask = None if mask is None else mask[::group]  # the cross-attention's rows are the sources
     capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
-    buffers = [_LayerBuffers(layer, states, rows, capacity, group) for layer in model.model.decoder.layers]
-    if group > 1 and mask is not None:
-        mask = mask[::group]  # the cross-attention's rows are the sources
+    buffers = [_LayerBuffers(layer, states, rows, capacity) for layer in model.model.decoder.layers]
     return buffers, _cross_attention_mask(mask)
 
 
@@ -220,7 +215,7 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
 
     Its steps and their order are transformers' own (log-softmax, the logits processors, the top-K continuations,
     the stopping criteria, the running and finished beams, the early-stop heuristic), called through the same
-    helper methods; only the decoder step and the cache's reordering (one index_select per layer buffer) are ours.
+    helper methods; only the decoder step and the cache's reordering (the rows whose beam changed) are ours.
     """
     pad_token_id = generation_config._pad_token_tensor
     eos_token_id = generation_config._eos_token_tensor

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 synchronize(device)
                 if round_index:
                     times[backend].append(time.perf_counter() - start)
-                memory[backend] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+                memory[backend] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
                 model.eval()
                 sentences = batch["input_ids"][:64]
                 start = time.perf_counter()
@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{'gen tok/s':>11}")
     for r in rows:
         span = f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]"
-        print(f"{r['size']:<6}{r['backend']:<20}{span:>24}{r['tokens_per_s']:>12.0f}{r['peak_memory_gib']:>10.2f}"
+        memory = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"  # measured on CUDA only
+        print(f"{r['size']:<6}{r['backend']:<20}{span:>24}{r['tokens_per_s']:>12.0f}{memory:>10}"
               f"{r['mfu']:>7.0%}{r['generate_tokens_per_s']:>11.0f}")
     with open(args.output, "w") as f:
         json.dump({"device": device_name(device), "torch": torch.__version__, "dtype": args.dtype,

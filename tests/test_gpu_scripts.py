@@ -31,6 +31,7 @@ def test_gpu_run_kit_smoke_on_cpu(tmp_path):
     assert report["device"] == "cpu" and report["dtype"] == "float32"
     assert {row["backend"] for row in report["rows"]} == {"eager", "sdpa"}
     assert all(row["tokens_per_s"] > 0 and row["generate_tokens_per_s"] > 0 for row in report["rows"])
+    assert all(row["peak_memory_gib"] is None for row in report["rows"])  # strict JSON: no NaN for "not measured"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where there is no GPU")
