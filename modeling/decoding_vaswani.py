@@ -3,8 +3,10 @@
 Per new token, transformers' loop prepares inputs, rebuilds the decoder's masks, grows every layer's cache with
 `torch.cat`, records outputs it was not asked for and updates its kwargs. For the common call (eval mode, SDPA, a
 fresh cache, tokens only) none of that is needed: this loop keeps each layer's keys and values in one preallocated
-buffer, projects the encoder output for cross-attention once, builds the source mask once, and runs the decoder
-layers' own modules (`_residual`, norms, FFN, projections) on one new position at a time. It calls the same
+buffer, projects the encoder output for cross-attention once, builds the source mask once, freezes the decoder's
+weights for the call (packed for oneDNN where it applies: `kernels_vaswani.FrozenLinear`), and runs each layer on one
+new position at a time: its own norms, activation and residual order (`_residual`), attention as batched matmuls
+(`single_query_attention`: SDPA's CPU kernel costs several times more for one query). It calls the same
 `logits_processor` and `stopping_criteria` objects as transformers' loop, in the same order, so length limits,
 `min_new_tokens`, forced tokens, repetition penalties, EOS handling and sampling (the same `torch.multinomial`
 draw) behave exactly as there.
@@ -16,8 +18,12 @@ back to it. Setting `model.lean_decoding = False` always takes transformers' loo
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+
+from .kernels_vaswani import FrozenLinear, single_query_attention
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
@@ -53,33 +59,50 @@ def lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, stre
     return None
 
 
-class _LayerBuffers:
-    """One decoder layer's self-attention keys/values, (B, H, capacity, D) each, filled position by position and
-    doubled when full; and its cross-attention keys/values, projected once from the encoder output.
+class _LeanLayer:
+    """One decoder layer prepared for one `generate` call: its weights frozen for repeated use (`FrozenLinear`:
+    packed for oneDNN where it applies; the self-attention's q/k/v as one projection), its self-attention
+    keys/values in (rows, H, capacity, D) buffers filled position by position and doubled when full, and its
+    cross-attention keys/values projected once from the encoder output as (sources * H, S, D).
 
     `group` > 1 (beam search): rows come in groups of `group` beams of one source, and `sources` holds each source
     once; the cross-attention keys/values are projected for the sources only and stay that way: a source's beams
-    attend to them together, as `group` queries of one SDPA row (reading a source's keys once per step, not once per
-    beam: 2.1x faster at the base size's 64 source tokens, measured; no slower at 12)."""
+    attend to them together, as `group` queries of one attention row (reading a source's keys once per step, not once
+    per beam: 2.1x faster at the base size's 64 source tokens, measured; no slower at 12)."""
 
     def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int):
-        attention = layer.self_attn
-        shape = (rows, attention.num_heads, capacity, attention.head_dim)
+        attention, cross, ffn = layer.self_attn, layer.encoder_attn, layer.ffn
+        self.normalize_before = layer.normalize_before
+        self.norms = [_layer_norm(norm) for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
+                                                      layer.final_layer_norm)]
+        self.heads, self.head_dim, self.scaling = attention.num_heads, attention.head_dim, attention.scaling
+        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj)
+        self.self_out = _frozen(rows, attention.o_proj)
+        self.cross_query, self.cross_out = _frozen(rows, cross.q_proj), _frozen(rows, cross.o_proj)
+        relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
+        self.fc1, self.fc2 = _frozen(rows, ffn.fc1, relu=relu), _frozen(rows, ffn.fc2)
+        self.activation = (lambda x: x) if relu else ffn.activation
+        self.attend = _attention_for(sources)
+        shape = (rows, self.heads, capacity, self.head_dim)
         self.keys = sources.new_empty(shape)
         self.values = sources.new_empty(shape)
-        cross = layer.encoder_attn
-        keys, values = (cross._split_heads(x) for x in cross._fused_projection(sources, (cross.k_proj, cross.v_proj)))
-        self.cross_keys, self.cross_values = keys, values
-        self.group = rows // sources.shape[0]
+        n, length = sources.shape[:2]
+        keys, values = cross._fused_projection(sources, (cross.k_proj, cross.v_proj))
+        self.cross_keys, self.cross_values = (
+            x.view(n, length, self.heads, self.head_dim).transpose(1, 2).reshape(n * self.heads, length, -1)
+            for x in (keys, values)
+        )
+        self.group = rows // n
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new position's keys/values; return those of positions 0..position (views, no copy)."""
+        """Store the new position's keys/values (rows, H, D); return those of positions 0..position as
+        (rows * H, position + 1, D) views (no copy)."""
         if position == self.keys.shape[2]:
             self.keys = torch.cat([self.keys, torch.empty_like(self.keys)], dim=2)
             self.values = torch.cat([self.values, torch.empty_like(self.values)], dim=2)
-        self.keys[:, :, position : position + 1] = keys
-        self.values[:, :, position : position + 1] = values
-        return self.keys[:, :, : position + 1], self.values[:, :, : position + 1]
+        self.keys[:, :, position] = keys
+        self.values[:, :, position] = values
+        return (cache[:, :, : position + 1].flatten(0, 1) for cache in (self.keys, self.values))
 
     def reorder(self, rows: torch.Tensor, sources: torch.Tensor, length: int) -> None:
         """Beam search: positions 0..length-1 of rows[i] become those of row sources[i] (read before any is written).
@@ -89,61 +112,111 @@ class _LayerBuffers:
             filled = cache[:, :, :length]
             filled.index_copy_(0, rows, filled.index_select(0, sources))
 
+    def step(self, hidden: torch.Tensor, position: int, cross_mask: torch.Tensor | None) -> torch.Tensor:
+        """The layer on the newest position of every row, hidden (rows, d_model): what `VaswaniDecoderLayer.forward`
+        computes for it with a cache in eval mode."""
+        self_norm, cross_norm, ffn_norm = self.norms
+        hidden = self._sublayer(hidden, self_norm, lambda x: self._self_attention(x, position), self.self_out)
+        hidden = self._sublayer(hidden, cross_norm, lambda x: self._cross_attention(x, cross_mask), self.cross_out)
+        return self._sublayer(hidden, ffn_norm, lambda x: self.activation(self.fc1(x)), self.fc2)
 
-def _attend(attention, query, keys, values, mask) -> torch.Tensor:
-    """SDPA for one new position per row: query (B, H, G, D), G rows' queries attending to the same keys (G = 1
-    but for beam search's cross-attention) -> (B * G, 1, d_model) after the output projection."""
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=attention.scaling)
-    return attention.o_proj(out.transpose(1, 2).reshape(query.shape[0] * query.shape[2], 1, -1))
+    def _sublayer(self, hidden, norm, branch, projection: FrozenLinear) -> torch.Tensor:
+        """`_residual` in eval mode (the norm before the sub-layer, or after its residual addition), with the
+        addition fused into the sub-layer's output projection."""
+        if self.normalize_before:
+            return projection.plus(branch(norm(hidden)), hidden)
+        return norm(projection.plus(branch(hidden), hidden))
 
+    def _self_attention(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        rows, heads, size = x.shape[0], self.heads, self.head_dim
+        query, keys, values = self.qkv(x).view(rows, 3, heads, size).unbind(1)
+        keys, values = self.append(keys, values, position)
+        out = self.attend(query.reshape(rows * heads, 1, size), keys, values, None, self.scaling)  # sees all: no mask
+        return out.view(rows, -1)
 
-def _decoder_layer_step(layer, hidden: torch.Tensor, buffers: _LayerBuffers, position: int, cross_mask):
-    """One decoder layer on the newest position (B, 1, d_model): what `VaswaniDecoderLayer.forward` computes for
-    it with a cache, through the layer's own sub-modules."""
-
-    def self_attention(x):
-        attention = layer.self_attn
-        query, keys, values = map(
-            attention._split_heads,
-            attention._fused_projection(x, (attention.q_proj, attention.k_proj, attention.v_proj)),
-        )
-        keys, values = buffers.append(keys, values, position)
-        return _attend(attention, query, keys, values, None)  # one query sees every cached position: no mask
-
-    def cross_attention(x):
-        attention = layer.encoder_attn
-        # (rows, 1, d_model) -> (sources, H, group, D): the beams of a source are the queries of one SDPA row
-        query = attention.q_proj(x).view(-1, buffers.group, attention.num_heads, attention.head_dim).transpose(1, 2)
-        return _attend(attention, query, buffers.cross_keys, buffers.cross_values, cross_mask)
-
-    hidden = layer._residual(layer.self_attn_layer_norm, hidden, self_attention)
-    hidden = layer._residual(layer.encoder_attn_layer_norm, hidden, cross_attention)
-    return layer._residual(layer.final_layer_norm, hidden, layer.ffn)
+    def _cross_attention(self, x: torch.Tensor, cross_mask: torch.Tensor | None) -> torch.Tensor:
+        # (rows, d_model) -> (sources * H, group, D): the beams of a source are the queries of one attention row
+        rows, heads, size, group = x.shape[0], self.heads, self.head_dim, self.group
+        query = self.cross_query(x).view(-1, group, heads, size).transpose(1, 2).reshape(-1, group, size)
+        out = self.attend(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
+        return out.view(-1, heads, group, size).transpose(1, 2).reshape(rows, -1)
 
 
-def _cross_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, S) source padding (1 = real) -> a boolean SDPA mask (B, 1, 1, S), or None when nothing is padded. A row
-    that is all padding attends to every position, as in the model's forward (its outputs are never used)."""
+def _layer_norm(norm: torch.nn.LayerNorm):
+    """`norm`'s forward without the module call."""
+    return functools.partial(F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, bias=norm.bias,
+                             eps=norm.eps)
+
+
+def _frozen(rows: int, *projections, relu: bool = False) -> FrozenLinear:
+    """`projections` (nn.Linear modules of one input) as one frozen linear layer for inputs of about `rows` rows. Kept
+    on the first module between `generate` calls and rebuilt when a parameter changes (an in-place update bumps its
+    version counter) or the number of rows does: a second copy of the decoder's weights, in oneDNN's layout."""
+    parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
+    key = (rows, relu, *((p.data_ptr(), p._version) for p in parameters))
+    cached = projections[0].__dict__.get("_frozen_linear")
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            weight, bias = projections[0].weight, projections[0].bias
+            if len(projections) > 1:
+                weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
+            cached = (key, FrozenLinear(weight, bias, rows, relu=relu))
+        projections[0].__dict__["_frozen_linear"] = cached  # a plain attribute: never saved, loaded or moved
+    return cached[1]
+
+
+def _attention_for(sources: torch.Tensor):
+    """The attention function of the decoding steps: batched matmuls in float32/float64 on CPU (SDPA's CPU kernel
+    costs several times more for one query), else SDPA, which accumulates other dtypes in float32."""
+    if sources.device.type == "cpu" and sources.dtype in (torch.float32, torch.float64):
+        return single_query_attention
+    return _sdpa_attend
+
+
+def _sdpa_attend(query, keys, values, mask, scaling) -> torch.Tensor:
+    """`single_query_attention`'s contract through SDPA (4D views; the mask as transformers' loop gives it)."""
+    mask = None if mask is None else (mask == 0)[:, None]
+    return F.scaled_dot_product_attention(query[:, None], keys[:, None], values[:, None], attn_mask=mask,
+                                          scale=scaling)[:, 0]
+
+
+def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype: torch.dtype):
+    """(B, S) source padding (1 = real) -> an additive mask (B * heads, 1, S) in `dtype` (0 where attended, the
+    dtype's minimum elsewhere), or None when nothing is padded. A row that is all padding attends to every position,
+    as in the model's forward (its outputs are never used)."""
     if attention_mask is None:
         return None
     keep = attention_mask.bool()
     keep = keep | ~keep.any(-1, keepdim=True)
-    return None if bool(keep.all()) else keep[:, None, None, :]
+    if bool(keep.all()):
+        return None
+    additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+    return additive.repeat_interleave(heads, 0)[:, None, :]
 
 
-def _next_token_logits(model, tokens: torch.Tensor, position: int, buffers: list[_LayerBuffers], cross_mask):
-    """The decoder and the LM head on the newest tokens (B, 1) at `position`: logits (B, vocab)."""
-    decoder = model.model.decoder
-    hidden = decoder.embed_tokens(tokens) * decoder.embed_scale
-    hidden = hidden + decoder.embed_positions.range(position, 1, hidden.dtype, hidden.device)
-    for layer, layer_buffers in zip(decoder.layers, buffers):
-        hidden = _decoder_layer_step(layer, hidden, layer_buffers, position, cross_mask)
-    if decoder.layer_norm is not None:
-        hidden = decoder.layer_norm(hidden)
-    logits = model.lm_head(hidden[:, -1])
-    if model.final_logits_bias is not None:
-        logits = logits + model.final_logits_bias.to(logits.dtype)
-    return logits
+class _LeanDecoder:
+    """The decoder and the LM head prepared for one `generate` call (see `_LeanLayer`)."""
+
+    def __init__(self, model, sources: torch.Tensor, source_mask: torch.Tensor | None, rows: int, capacity: int):
+        decoder = model.model.decoder
+        self.embed_tokens, self.embed_scale, self.positions = decoder.embed_tokens, decoder.embed_scale, decoder.embed_positions
+        self.layers = [_LeanLayer(layer, sources, rows, capacity) for layer in decoder.layers]
+        self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
+        self.lm_head = _frozen(rows, model.lm_head)
+        self.logits_bias = model.final_logits_bias
+        heads = decoder.layers[0].encoder_attn.num_heads if decoder.layers else 1
+        self.cross_mask = _cross_attention_mask(source_mask, heads, sources.dtype)
+
+    def next_token_logits(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """The decoder and the LM head (with the logits bias) on the newest tokens (B, 1) at `position`: (B, vocab)."""
+        hidden = self.embed_tokens(tokens[:, 0]) * self.embed_scale
+        hidden = hidden + self.positions.range(position, 1, hidden.dtype, hidden.device)
+        for layer in self.layers:
+            hidden = layer.step(hidden, position, self.cross_mask)
+        if self.final_norm is not None:
+            hidden = self.final_norm(hidden)
+        logits = self.lm_head(hidden)
+        return logits if self.logits_bias is None else logits + self.logits_bias.to(logits.dtype)
 
 
 def _repeats(x: torch.Tensor, group: int) -> bool:
@@ -152,9 +225,10 @@ def _repeats(x: torch.Tensor, group: int) -> bool:
     return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
 
 
-def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list[_LayerBuffers], torch.Tensor | None]:
-    """Every decoder layer's buffers (cross-attention keys/values projected once) and the source mask. `group`:
-    beam search's rows repeat each source `group` times in a row (generate's expansion); checked, then used once."""
+def _start(model, generation_config, model_kwargs, group: int = 1) -> _LeanDecoder:
+    """The decoder prepared for this call (cross-attention keys/values projected once, the source mask built once).
+    `group`: beam search's rows repeat each source `group` times in a row (generate's expansion); checked, then each
+    source is used once."""
     states = model_kwargs["encoder_outputs"].last_hidden_state
     mask = model_kwargs.get("attention_mask")
     rows = states.shape[0]
@@ -162,14 +236,13 @@ def _start(model, generation_config, model_kwargs, group: int = 1) -> tuple[list
         states = states[::group].contiguous()  # a strided view would make the projection a bmm
         mask = None if mask is None else mask[::group]  # the cross-attention's rows are the sources
     capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
-    buffers = [_LayerBuffers(layer, states, rows, capacity) for layer in model.model.decoder.layers]
-    return buffers, _cross_attention_mask(mask)
+    return _LeanDecoder(model, states, mask, rows, capacity)
 
 
 def lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """Greedy search or sampling from the decoder start token, as `GenerationMixin._sample` returns it when
     `return_dict_in_generate` is off: the sequences (B, T), start token included."""
-    buffers, cross_mask = _start(model, generation_config, model_kwargs)
+    decoder = _start(model, generation_config, model_kwargs)
     pad_token_id = generation_config._pad_token_tensor
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
@@ -177,7 +250,7 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
     unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
     tokens = input_ids[:, -1:]
     while True:
-        logits = _next_token_logits(model, tokens, input_ids.shape[1] - 1, buffers, cross_mask)
+        logits = decoder.next_token_logits(tokens, input_ids.shape[1] - 1)
         next_token_scores = logits_processor(input_ids, logits.to(copy=True, dtype=torch.float32))
         if generation_config.do_sample:
             probs = F.softmax(next_token_scores, dim=-1)
@@ -247,11 +320,11 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
                                       dtype=torch.int32, device=device)
     beam_indices = running_beam_indices.detach().clone()
 
-    buffers, cross_mask = _start(model, generation_config, model_kwargs, group=num_beams)
+    decoder = _start(model, generation_config, model_kwargs, group=num_beams)
     identity = torch.arange(batch_size * num_beams, device=device)
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
-        logits = _next_token_logits(model, flat_running_sequences[:, -1:], cur_len - 1, buffers, cross_mask)
+        logits = decoder.next_token_logits(flat_running_sequences[:, -1:], cur_len - 1)
         log_probs = F.log_softmax(logits.float(), dim=-1)  # a new tensor: no copy needed first
         log_probs = logits_processor(flat_running_sequences, log_probs)
         log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
@@ -290,8 +363,8 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         moved = (beam_idx != identity).nonzero().squeeze(1)  # the rows whose history changes
         if moved.numel():
             sources = beam_idx.index_select(0, moved).long()
-            for layer_buffers in buffers:
-                layer_buffers.reorder(moved, sources, cur_len - 1)
+            for layer in decoder.layers:
+                layer.reorder(moved, sources, cur_len - 1)
 
     sequences = model._flatten_beam_dim(sequences[:, :num_return_sequences, :])
     beam_indices = model._flatten_beam_dim(beam_indices[:, :num_return_sequences, :])

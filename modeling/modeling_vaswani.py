@@ -25,6 +25,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
 from .decoding_vaswani import lean_beam_blocker, lean_beam_search, lean_decoding_blocker, lean_sample
+from .kernels_vaswani import Linear, input_gradient, linear, matmul_attention, short_attention_applies
 from .positions_vaswani import SinusoidalPositions
 
 
@@ -117,7 +118,7 @@ class _FusedLinear(torch.autograd.Function):
         ctx.save_for_backward(x, *weights)
         ctx.sizes = [w.shape[0] for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
-        return F.linear(x, torch.cat(weights), torch.cat(biases))
+        return linear(x, torch.cat(weights), torch.cat(biases))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -127,7 +128,7 @@ class _FusedLinear(torch.autograd.Function):
         n = len(weights)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_output @ torch.cat(weights).to(dtype)).to(x.dtype)
+            grad_x = input_gradient(grad_output, torch.cat(weights).to(dtype)).to(x.dtype)
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
         grad_weights = grad_biases = [None] * n
         if any(ctx.needs_input_grad[1 : 1 + n]):
@@ -176,10 +177,10 @@ class VaswaniAttention(nn.Module):
         # SDPA and flash read this when the mask is None; if it were absent they would assume causal.
         self.is_causal = is_causal
         self.layer_idx = layer_idx
-        self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, config.d_model)
-        self.v_proj = nn.Linear(config.d_model, config.d_model)
-        self.o_proj = nn.Linear(config.d_model, config.d_model)
+        self.q_proj = Linear(config.d_model, config.d_model)
+        self.k_proj = Linear(config.d_model, config.d_model)
+        self.v_proj = Linear(config.d_model, config.d_model)
+        self.o_proj = Linear(config.d_model, config.d_model)
         self._fused_cache: dict = {}  # not state: rebuilt from the parameters when they change
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,7 @@ class VaswaniAttention(nn.Module):
             with torch.no_grad():
                 cached = (key, torch.cat(weights), torch.cat(biases))
             self._fused_cache[len(projections)] = cached
-        return F.linear(x, cached[1], cached[2]).chunk(len(projections), dim=-1)
+        return linear(x, cached[1], cached[2]).chunk(len(projections), dim=-1)
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -241,6 +242,8 @@ class VaswaniAttention(nn.Module):
             attention_mask = None
 
         attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if implementation == "sdpa" and short_attention_applies(query, key):
+            attend = matmul_attention  # SDPA's result; its CPU kernel costs 1.5-2.5x more at these lengths
         out, weights = attend(
             self,
             query,
@@ -257,8 +260,8 @@ class VaswaniAttention(nn.Module):
 class VaswaniFeedForward(nn.Module):
     def __init__(self, config: VaswaniConfig, ffn_dim: int):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.fc1 = Linear(config.d_model, ffn_dim)
+        self.fc2 = Linear(ffn_dim, config.d_model)
         self.activation = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
@@ -593,7 +596,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         if config.final_logits_bias:
             self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         else:

@@ -1,6 +1,7 @@
 """The benchmark's bookkeeping (not speed): identical weights, identical outputs, the files it writes."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -96,14 +97,24 @@ def test_rows_whose_rounds_disagree_are_marked_noisy(tmp_path):
     assert table[3].endswith("| 60% (noisy: rerun) |")
 
 
-def _gemm_flops(run) -> int:
-    """FLOPs of the matrix products (mm, addmm: every Linear) that `run` executes, counted by PyTorch."""
-    from torch.utils.flop_counter import FlopCounterMode
+def _onednn_linear_flops(x_shape, *args, out_shape=None, **kwargs) -> int:
+    """oneDNN's linear (vaswani's Linear layers where it applies, dense or packed weight, with or without a fused
+    addition): 2 * rows * in * out, as PyTorch counts addmm."""
+    return 2 * math.prod(out_shape) * x_shape[-1]
 
+
+def _gemm_flops(run) -> int:
+    """FLOPs of the matrix products (mm, addmm, oneDNN's linear: every Linear) that `run` executes, counted by
+    PyTorch."""
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
+
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.ops.mkldnn._linear_pointwise not in flop_registry:
+        register_flop_formula(torch.ops.mkldnn._linear_pointwise)(_onednn_linear_flops)
     with FlopCounterMode(display=False) as counter:
         run()
     counts = counter.get_flop_counts()["Global"]
-    return sum(flops for op, flops in counts.items() if str(op) in ("aten.mm", "aten.addmm"))
+    return sum(flops for op, flops in counts.items()
+               if str(op) in ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise"))
 
 
 def test_training_gemm_shapes_are_the_ones_the_model_runs():

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, StoppingCriteria, StoppingCriteriaList
 
 from vaswani import VaswaniForConditionalGeneration, decoding_vaswani
-from vaswani.decoding_vaswani import _LayerBuffers, lean_decoding_blocker
+from vaswani.decoding_vaswani import _LeanLayer, lean_decoding_blocker
 
 from test_modeling import make_model, padded_batch
 
@@ -131,12 +131,13 @@ def test_buffers_grow_past_their_capacity(tiny_config):
     model = make_model(tiny_config)
     layer = model.model.decoder.layers[0]
     encoder_states = torch.randn(2, 5, tiny_config.d_model)
-    buffers = _LayerBuffers(layer, encoder_states, rows=2, capacity=2)
-    written = [torch.randn(2, 4, 1, 4) for _ in range(5)]
+    buffers = _LeanLayer(layer, encoder_states, rows=2, capacity=2)
+    written = [torch.randn(2, 4, 4) for _ in range(5)]  # (rows, H, D) per position
     for position, keys in enumerate(written):
         seen_keys, seen_values = buffers.append(keys, -keys, position)
     assert buffers.keys.shape[2] == 8
-    assert torch.equal(seen_keys, torch.cat(written, dim=2)) and torch.equal(seen_values, -torch.cat(written, dim=2))
+    expected = torch.stack(written, dim=2).flatten(0, 1)  # (rows * H, positions, D)
+    assert torch.equal(seen_keys, expected) and torch.equal(seen_values, -expected)
 
 
 def test_calls_it_does_not_serve_fall_back_to_transformers_loop(tiny_config):
@@ -209,13 +210,13 @@ def beam_both(model, **kwargs):
 def test_beam_search_equals_transformers_loop_in_float64(tiny_config, normalize_before, final_logits_bias):
     model = float64_variant(tiny_config, normalize_before, final_logits_bias)
     moved = []
-    original = _LayerBuffers.reorder
+    original = _LeanLayer.reorder
 
     def count(self, rows, sources, length):
         moved.append(len(rows))
         return original(self, rows, sources, length)
 
-    with mock.patch.object(_LayerBuffers, "reorder", count):
+    with mock.patch.object(_LeanLayer, "reorder", count):
         for seed in range(3):
             batch = padded_batch(seed, batch=5)
             lean, reference, ran = beam_both(model, input_ids=batch["input_ids"],
@@ -285,14 +286,22 @@ def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
     kwargs = {"encoder_outputs": mock.Mock(last_hidden_state=expanded),
               "attention_mask": source_mask.repeat_interleave(4, 0)}
     projected = mock.Mock(wraps=layer.encoder_attn._fused_projection)
+    heads = layer.encoder_attn.num_heads
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
-        grouped, grouped_mask = decoding_vaswani._start(model, generation_config, kwargs, group=4)
+        grouped = decoding_vaswani._start(model, generation_config, kwargs, group=4)
     assert projected.call_args.args[0].shape[0] == 3  # the sources only
-    assert grouped[1].group == 4 and torch.equal(grouped_mask[:, 0, 0], source_mask.bool())
-    plain, plain_mask = decoding_vaswani._start(model, generation_config, kwargs, group=1)
-    assert plain[1].group == 1 and plain_mask.shape[0] == 12
-    torch.testing.assert_close(grouped[1].cross_keys, plain[1].cross_keys[::4], rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(grouped[1].cross_values, plain[1].cross_values[::4], rtol=1e-12, atol=1e-12)
+    assert grouped.layers[1].group == 4
+    attended = grouped.cross_mask[:, 0] == 0  # (sources * H, S): the additive mask's zeros
+    assert torch.equal(attended, source_mask.bool().repeat_interleave(heads, 0))
+    plain = decoding_vaswani._start(model, generation_config, kwargs, group=1)
+    assert plain.layers[1].group == 1 and plain.cross_mask.shape[0] == 12 * heads
+
+    def per_row(keys, rows):  # (rows * H, S, D) -> (rows, H, S, D)
+        return keys.view(rows, heads, *keys.shape[1:])
+
+    for name in ("cross_keys", "cross_values"):
+        torch.testing.assert_close(per_row(getattr(grouped.layers[1], name), 3),
+                                   per_row(getattr(plain.layers[1], name), 12)[::4], rtol=1e-12, atol=1e-12)
     shuffled = {**kwargs, "encoder_outputs": mock.Mock(last_hidden_state=expanded.flip(0).roll(1, 0))}
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
         decoding_vaswani._start(model, generation_config, shuffled, group=4)

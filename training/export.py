@@ -2,7 +2,8 @@
 
 `write_model_folder` puts into one folder: `model.safetensors`, `config.json` (with `auto_map`),
 `generation_config.json`, the code for `trust_remote_code` (`configuration_vaswani.py`,
-`modeling_vaswani.py`, `positions_vaswani.py`, `decoding_vaswani.py`, `tokenization_vaswani.py`: `save_pretrained` copies them
+`modeling_vaswani.py`, `positions_vaswani.py`, `decoding_vaswani.py`, `kernels_vaswani.py`, `tokenization_vaswani.py`:
+`save_pretrained` copies them
 because `import vaswani` registers the classes for the Auto API), the tokenizer (`spm.model`,
 `tokenizer_config.json`), `README.md` (the model card) and `metrics.json`.
 

@@ -1,0 +1,210 @@
+"""The CPU kernels (modeling/kernels_vaswani.py) against independent references: float64 `F.linear` and SDPA, the plain
+path of the same model, and transformers' decoding loops. oneDNN is forced on (and off) where a test needs one
+path, so that these run the same on every machine, whatever `ONEDNN_LINEAR=None` picks there."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vaswani import kernels_vaswani as kernels
+from vaswani.kernels_vaswani import (
+    FrozenLinear,
+    linear,
+    matmul_attention,
+    onednn_applies,
+    short_attention_applies,
+    single_query_attention,
+)
+
+from test_decoding import beam_both, generate_both
+from test_modeling import make_model, padded_batch
+
+needs_onednn = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+    reason="this torch build has no oneDNN",
+)
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    monkeypatch.setattr(kernels, "ONEDNN_LINEAR", True)
+
+
+@pytest.fixture
+def no_onednn(monkeypatch):
+    monkeypatch.setattr(kernels, "ONEDNN_LINEAR", False)
+
+
+def _linear_inputs(seed=0, rows=(4, 7), k=32, n=48):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*rows, k, generator=g)
+    weight = torch.randn(n, k, generator=g) / k**0.5
+    bias = torch.randn(n, generator=g)
+    return x, weight, bias
+
+
+def _float64_linear_and_grads(x, weight, bias, grad_output):
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    out = F.linear(*leaves)
+    out.backward(grad_output.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
+@needs_onednn
+def test_onednn_linear_forward_and_gradients_match_float64(onednn):
+    x, weight, bias = _linear_inputs()
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    assert onednn_applies(leaves[0], leaves[1])
+    out = linear(*leaves)
+    assert type(out.grad_fn).__name__ == "_OneDNNLinearBackward"  # the oneDNN path ran, under autograd
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    expected, expected_grads = _float64_linear_and_grads(x, weight, bias, grad_output)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    for leaf, grad in zip(leaves, expected_grads):
+        torch.testing.assert_close(leaf.grad.double(), grad, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_onednn_linear_partial_gradients_and_no_bias(onednn):
+    x, weight, _ = _linear_inputs(seed=1, rows=(9,))
+    w = weight.clone().requires_grad_()
+    out = linear(x, w)  # only the weight needs a gradient, and there is no bias
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(9, 48).t() @ x, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x, weight), x @ weight.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_takes_the_plain_path_where_onednn_does_not_apply(onednn):
+    x, weight, bias = _linear_inputs(seed=2)
+    assert torch.equal(linear(x.double(), weight.double(), bias.double()), F.linear(x.double(), weight.double(),
+                                                                                   bias.double()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not onednn_applies(x, weight)
+        assert linear(x, weight, bias).dtype == torch.bfloat16  # autocast's own linear
+    kernels.ONEDNN_LINEAR = False
+    assert not onednn_applies(x, weight)
+    assert torch.equal(linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@needs_onednn
+def test_frozen_linear_is_the_plain_layer_bit_for_bit(onednn):
+    x, weight, bias = _linear_inputs(seed=3, rows=(64,), k=64, n=96)
+    other = torch.randn(64, 96)
+    dense = kernels._onednn_linear(x, weight, bias)
+    frozen = FrozenLinear(weight, bias, rows=64)
+    assert frozen.onednn
+    assert torch.equal(frozen(x), dense)  # the packed weight computes what the dense one does
+    assert torch.equal(frozen.plus(x, other), dense + other)
+    assert torch.equal(FrozenLinear(weight, bias, rows=64, relu=True)(x), dense.relu())
+    small = FrozenLinear(weight, bias, rows=FrozenLinear.MIN_ROWS - 1)
+    assert not small.onednn and torch.equal(small(x[:2]), F.linear(x[:2], weight, bias))
+    assert torch.equal(FrozenLinear(weight, bias, rows=2, relu=True).plus(x[:2], other[:2]),
+                       other[:2] + F.linear(x[:2], weight, bias).relu())
+
+
+def _attention_inputs(batch=3, heads=2, queries=5, keys=6, size=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, length, size, generator=g, dtype=dtype)
+            for length in (queries, keys, keys)]
+
+
+class _Module:
+    def __init__(self, is_causal):
+        self.is_causal = is_causal
+
+
+@pytest.mark.parametrize("case", ["none", "causal", "causal_offset", "bool", "float"])
+def test_matmul_attention_equals_sdpa_in_float64_with_gradients(case):
+    queries = 4 if case == "causal_offset" else 6
+    q, k, v = (t.requires_grad_() for t in _attention_inputs(queries=queries, keys=6))
+    mask, sdpa_kwargs = None, {}
+    if case == "causal":
+        sdpa_kwargs = dict(is_causal=True)
+    elif case == "causal_offset":  # 4 new queries after 2 cached positions: query i sees keys 0 .. 2 + i
+        sdpa_kwargs = dict(attn_mask=torch.ones(4, 6, dtype=torch.bool).tril(2))
+    elif case == "bool":
+        mask = torch.rand(3, 1, queries, 6, generator=torch.Generator().manual_seed(1)) > 0.4
+        mask[..., 0] = True
+        sdpa_kwargs = dict(attn_mask=mask)
+    elif case == "float":
+        mask = torch.randn(3, 1, queries, 6, dtype=torch.float64)
+        sdpa_kwargs = dict(attn_mask=mask)
+    module = _Module(is_causal=case.startswith("causal"))
+    out, weights = matmul_attention(module, q, k, v, mask, scaling=0.3)
+    assert weights is None and out.shape == (3, queries, 2, 8)
+    expected = F.scaled_dot_product_attention(q, k, v, scale=0.3, **sdpa_kwargs).transpose(1, 2)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q, k, v), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_matmul_attention_keeps_a_fully_masked_row_finite():
+    q, k, v = _attention_inputs(dtype=torch.float32)
+    mask = torch.ones(3, 1, 5, 6, dtype=torch.bool)
+    mask[1] = False
+    out, _ = matmul_attention(_Module(False), q, k, v, mask, scaling=0.3)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[1], v[1].mean(-2, keepdim=True).expand(2, 5, 8).transpose(0, 1))
+
+
+def test_short_attention_rule():
+    q, k, _ = _attention_inputs(keys=8, size=8, dtype=torch.float32)
+    assert short_attention_applies(q, k)  # keys <= head size: the matmuls keep no more than the kernel
+    q, k, _ = _attention_inputs(keys=9, size=8, dtype=torch.float32)
+    assert not short_attention_applies(q, k)
+    q, k, _ = _attention_inputs(keys=4, size=8, dtype=torch.float32)
+    assert not short_attention_applies(q.bfloat16(), k.bfloat16())
+
+
+def test_single_query_attention_equals_sdpa_in_float64():
+    g = torch.Generator().manual_seed(4)
+    query, keys, values = (torch.randn(6, length, 8, generator=g, dtype=torch.float64) for length in (3, 7, 7))
+    keep = torch.rand(6, 1, 7, generator=g) > 0.3
+    keep[..., 0] = True
+    additive = torch.zeros(6, 1, 7, dtype=torch.float64).masked_fill(~keep, torch.finfo(torch.float64).min)
+    got = single_query_attention(query, keys, values, additive, 0.25)
+    expected = F.scaled_dot_product_attention(query, keys, values, attn_mask=keep, scale=0.25)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(single_query_attention(query, keys, values, None, 0.25),
+                               F.scaled_dot_product_attention(query, keys, values, scale=0.25), rtol=1e-12, atol=1e-12)
+
+
+@needs_onednn
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_model_with_onednn_equals_the_plain_model(tiny_config, attn, monkeypatch):
+    """The whole model, forward and every parameter's gradient (fused projections included), with oneDNN on against
+    the plain path (MKL), in float32 on a padded batch."""
+    model = make_model(tiny_config, seed=5)
+    model.set_attn_implementation(attn)
+    batch = padded_batch(3)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(kernels, "ONEDNN_LINEAR", on)
+        model.zero_grad(set_to_none=True)
+        out = model(**batch)
+        out.loss.backward()
+        results[on] = (out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    (logits_on, grads_on), (logits_off, grads_off) = results[True], results[False]
+    real = batch["decoder_attention_mask"].bool()
+    torch.testing.assert_close(logits_on[real], logits_off[real], rtol=1e-5, atol=1e-5)
+    for name, grad in grads_off.items():
+        torch.testing.assert_close(grads_on[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@needs_onednn
+@pytest.mark.parametrize("on", [True, False])
+def test_lean_decoding_with_and_without_onednn_gives_transformers_tokens(tiny_config, on, monkeypatch):
+    monkeypatch.setattr(kernels, "ONEDNN_LINEAR", on)
+    model = make_model(tiny_config, seed=6)
+    for seed in range(2):
+        batch = padded_batch(seed, batch=6)
+        inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=10)
+        lean, reference, ran = generate_both(model, **inputs)
+        assert ran and torch.equal(lean, reference)
+        lean, reference, ran = beam_both(model, **inputs, num_beams=3)
+        assert ran and torch.equal(lean, reference)
