@@ -37,24 +37,40 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill_(shifted == -100, pad_token_id)
 
 
+_MASK_LEVELS = 2**16  # the CPU dropout mask compares uniform 16-bit integers: p is resolved to 2**-16
+
+
+def _dropped_levels(p: float) -> int:
+    """How many of the 2**16 equally likely mask values drop an element: the realised drop rate is this / 2**16."""
+    return round(p * _MASK_LEVELS)
+
+
+def _keep_scale(p: float) -> float:
+    """1 / the realised keep rate: the kept elements' scale, so that dropout leaves every element's mean unchanged."""
+    return _MASK_LEVELS / (_MASK_LEVELS - _dropped_levels(p))
+
+
 def _keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
-    """A Bernoulli(1 - p) mask shaped like `x`, drawn from torch's default CPU generator (so `torch.manual_seed`,
-    checkpointed RNG states and activation checkpointing replay it).
+    """A Bernoulli mask shaped like `x` that keeps each element with probability 1 - round(p * 2**16) / 2**16, drawn
+    from torch's default CPU generator (so `torch.manual_seed`, checkpointed RNG states and activation checkpointing
+    replay it).
 
     `F.dropout` on CPU draws one 32-bit word per element in a serial loop and builds a float mask (about 10 ms for
-    a 3072 x 256 activation on this project's machine); here each 64-bit draw of `random_()` (63 uniform bits) serves
-    two elements with 31 bits each, and one comparison makes a one-byte mask: about a third of the time. The drop
-    probability is resolved to 2**-31 (torch's own CPU Bernoulli: 2**-24).
+    a 3072 x 256 activation on this project's first machine); here each 64-bit draw of `random_()` over the full int64
+    range (64 uniform bits) serves four elements with 16 bits each, and one comparison makes a one-byte mask: a
+    quarter of the generator's work. The drop rate moves from p by at most 2**-17 (7.6e-6; torch's own CPU Bernoulli
+    resolves p to 2**-24), and `_keep_scale` uses the realised rate, so the output stays unbiased.
     """
     n = x.numel()
-    words = torch.empty((n + 1) // 2, dtype=torch.int64).random_()
-    bits = words.view(torch.int32)[:n].bitwise_and_(0x7FFFFFFF)  # either half of a word: 31 uniform bits
-    return bits.ge(round(p * 2**31)).view(x.shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits uniform
+    values = words.view(torch.int16)[:n]  # four uniform integers in [-2**15, 2**15) per draw
+    return values.ge(_dropped_levels(p) - _MASK_LEVELS // 2).view(x.shape)
 
 
 def _fast_dropout_applies(x: torch.Tensor, p: float) -> bool:
-    # CUDA's dropout is one fused kernel already, and a compiled graph brings its own random numbers.
-    return x.device.type == "cpu" and 0 < p < 1 and not torch.compiler.is_compiling()
+    # CUDA's dropout is one fused kernel already, and a compiled graph brings its own random numbers. Rates below
+    # 2**-8 (or above 1 - 2**-8) keep F.dropout, where 2**-16 steps would be more than 0.2 % of p (or of 1 - p).
+    return x.device.type == "cpu" and 2**-8 <= p <= 1 - 2**-8 and not torch.compiler.is_compiling()
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -64,7 +80,7 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if not _fast_dropout_applies(x, p):
         return F.dropout(x, p=p, training=True)
-    return x.mul(_keep_mask(x, p)).mul_(1 / (1 - p))
+    return x.mul(_keep_mask(x, p)).mul_(_keep_scale(p))
 
 
 def _add_dropout(residual: torch.Tensor, branch: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -74,7 +90,7 @@ def _add_dropout(residual: torch.Tensor, branch: torch.Tensor, p: float, trainin
         return residual + branch
     if not _fast_dropout_applies(branch, p):
         return residual + F.dropout(branch, p=p, training=True)
-    return residual.add(branch.mul(_keep_mask(branch, p)), alpha=1 / (1 - p))
+    return residual.add(branch.mul(_keep_mask(branch, p)), alpha=_keep_scale(p))
 
 
 def eager_attention_forward(
