@@ -23,7 +23,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .kernels_vaswani import FrozenLinear, single_query_attention
+from .kernels_vaswani import FrozenLinear, onednn_applies, single_query_attention
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
@@ -153,7 +153,8 @@ def _frozen(rows: int, *projections, relu: bool = False) -> FrozenLinear:
     on the first module between `generate` calls and rebuilt when a parameter changes (an in-place update bumps its
     version counter) or the number of rows does: a second copy of the decoder's weights, in oneDNN's layout."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
-    key = (rows, relu, *((p.data_ptr(), p._version) for p in parameters))
+    onednn = onednn_applies(parameters[0], parameters[0])  # part of the key: `ONEDNN_LINEAR` may change
+    key = (rows, relu, onednn, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():

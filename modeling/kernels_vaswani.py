@@ -22,13 +22,15 @@ from torch import nn
 # measurement found it no better than MKL); True / False: always / never, wherever it applies.
 ONEDNN_LINEAR: bool | None = None
 
+
 @functools.cache
-def _onednn_fast_on_this_cpu() -> bool:
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and torch.backends.cpu.get_cpu_capability() == "AVX512"
-    )
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def _avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def _plain_cpu(*tensors: torch.Tensor) -> bool:
@@ -43,8 +45,8 @@ def _plain_cpu(*tensors: torch.Tensor) -> bool:
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight, ...)` runs on oneDNN."""
-    wanted = ONEDNN_LINEAR if ONEDNN_LINEAR is not None else _onednn_fast_on_this_cpu()
-    return wanted and _plain_cpu(x, weight)
+    wanted = ONEDNN_LINEAR if ONEDNN_LINEAR is not None else _avx512()
+    return wanted and _onednn_available() and _plain_cpu(x, weight)
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
