@@ -13,6 +13,7 @@ backward, and about the same from 512 on.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -184,3 +185,33 @@ def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     else:
         scores = torch.baddbmm(additive_mask, query, keys.transpose(1, 2), alpha=scaling)
     return torch.bmm(scores.softmax(-1), values)
+
+
+class Packing(NamedTuple):
+    """The real tokens of a padded (B, S) batch. Position-wise layers (projections, FFN, norms, dropout, residuals)
+    run on them alone, (N, d) instead of (B * S, d); only attention sees the padded layout. In a batch whose lengths
+    spread from half to full, that skips a quarter of the GEMMs."""
+
+    rows: torch.Tensor  # (N,) indices of the real tokens in the flattened (B * S)
+    batch: int
+    length: int
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, ...) -> (N, ...)"""
+        return x.flatten(0, 1).index_select(0, self.rows)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, S, ...), zeros at the padding."""
+        padded = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.rows, x)
+        return padded.view(self.batch, self.length, *x.shape[1:])
+
+
+def packing(attention_mask: torch.Tensor | None) -> Packing | None:
+    """A (B, S) padding mask (1 = real) as a `Packing`, or None when nothing is padded (or the mask is not 2D, or a
+    graph is being compiled: the number of real tokens is data-dependent)."""
+    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2 or torch.compiler.is_compiling():
+        return None
+    keep = attention_mask.flatten().bool()
+    if bool(keep.all()):
+        return None
+    return Packing(keep.nonzero().squeeze(1), *attention_mask.shape)

@@ -25,7 +25,15 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
 from .decoding_vaswani import lean_beam_blocker, lean_beam_search, lean_decoding_blocker, lean_sample
-from .kernels_vaswani import Linear, input_gradient, linear, matmul_attention, short_attention_applies
+from .kernels_vaswani import (
+    Linear,
+    Packing,
+    input_gradient,
+    linear,
+    matmul_attention,
+    packing,
+    short_attention_applies,
+)
 from .positions_vaswani import SinusoidalPositions
 
 
@@ -226,26 +234,33 @@ class VaswaniAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
+        packing: Packing | None = None,
+        source_packing: Packing | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, d), or with `packing` only the batch's real tokens (N, d): the projections run on them
+        and the backend sees them unpacked (zeros at the padding), the output is packed again. `source_packing`: the
+        real tokens of `key_value_states` (B, S, d), which alone go through the key/value projection."""
         is_cross = key_value_states is not None
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
             layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+        unpack = packing.unpack if packing is not None else (lambda x: x)
 
         if not is_cross:
-            query, key, value = map(
-                self._split_heads, self._fused_projection(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+            query, key, value = (
+                self._split_heads(unpack(x))
+                for x in self._fused_projection(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
             )
         else:
-            query = self._split_heads(self.q_proj(hidden_states))
+            query = self._split_heads(unpack(self.q_proj(hidden_states)))
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
             # Cross-attention keys/values depend only on the encoder output: computed once per generate.
             key = layer_cache.layers[self.layer_idx].keys
             value = layer_cache.layers[self.layer_idx].values
         else:
             if is_cross:
-                key, value = map(self._split_heads, self._fused_projection(key_value_states, (self.k_proj, self.v_proj)))
+                key, value = map(self._split_heads, self._source_projection(key_value_states, source_packing))
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross:
@@ -270,7 +285,16 @@ class VaswaniAttention(nn.Module):
             dropout=self.config.attention_dropout if self.training else 0.0,
             **kwargs,
         )
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+        out = out.reshape(*out.shape[:2], -1)  # (B, T, d)
+        return self.o_proj(out if packing is None else packing.pack(out)), weights
+
+    def _source_projection(self, states: torch.Tensor, source_packing: Packing | None) -> tuple[torch.Tensor, ...]:
+        """Cross-attention keys and values of the encoder output (B, S, d), projected for its real tokens only when
+        `source_packing` is given (zeros at the padding, which the mask hides)."""
+        if source_packing is None:
+            return self._fused_projection(states, (self.k_proj, self.v_proj))
+        packed = self._fused_projection(source_packing.pack(states), (self.k_proj, self.v_proj))
+        return tuple(source_packing.unpack(x) for x in packed)
 
 
 class VaswaniFeedForward(nn.Module):
@@ -308,13 +332,18 @@ class VaswaniEncoderLayer(_SublayerMixin, GradientCheckpointingLayer):
         self.ffn = VaswaniFeedForward(config, config.encoder_ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        hidden_states = self._residual(
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                packing: Packing | None = None, **kwargs):
+        """hidden_states (B, S, d) -> (B, S, d); with `packing`, every position-wise step runs on the real tokens only
+        and the padding comes out as zeros."""
+        x = hidden_states if packing is None else packing.pack(hidden_states)
+        x = self._residual(
             self.self_attn_layer_norm,
-            hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, **kwargs)[0],
+            x,
+            lambda h: self.self_attn(h, attention_mask=attention_mask, packing=packing, **kwargs)[0],
         )
-        return self._residual(self.final_layer_norm, hidden_states, self.ffn)
+        x = self._residual(self.final_layer_norm, x, self.ffn)
+        return x if packing is None else packing.unpack(x)
 
 
 class VaswaniDecoderLayer(_SublayerMixin, GradientCheckpointingLayer):
@@ -338,26 +367,35 @@ class VaswaniDecoderLayer(_SublayerMixin, GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        packing: Packing | None = None,
+        source_packing: Packing | None = None,
         **kwargs,
     ) -> torch.Tensor:
+        """hidden_states (B, T, d) -> (B, T, d); `packing`: the target's real tokens, on which every position-wise
+        step runs (the padding comes out as zeros); `source_packing`: the encoder output's real tokens, which alone
+        go through the cross-attention key/value projection."""
         kwargs.pop("use_cache", None)
-        hidden_states = self._residual(
+        x = hidden_states if packing is None else packing.pack(hidden_states)
+        x = self._residual(
             self.self_attn_layer_norm,
-            hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0],
+            x,
+            lambda h: self.self_attn(h, attention_mask=attention_mask, cache=cache, packing=packing, **kwargs)[0],
         )
-        hidden_states = self._residual(
+        x = self._residual(
             self.encoder_attn_layer_norm,
-            hidden_states,
-            lambda x: self.encoder_attn(
-                x,
+            x,
+            lambda h: self.encoder_attn(
+                h,
                 attention_mask=encoder_attention_mask,
                 key_value_states=encoder_hidden_states,
                 cache=cache,
+                packing=packing,
+                source_packing=source_packing,
                 **kwargs,
             )[0],
         )
-        return self._residual(self.final_layer_norm, hidden_states, self.ffn)
+        x = self._residual(self.final_layer_norm, x, self.ffn)
+        return x if packing is None else packing.unpack(x)
 
 
 def _keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -433,13 +471,13 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
+        attention_mask = _keep_fully_padded_rows_finite(attention_mask)
+        real_tokens = packing(attention_mask)  # position-wise layers skip the padding; its outputs are zeros
         attention_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=_keep_fully_padded_rows_finite(attention_mask),
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+            hidden_states = layer(hidden_states, attention_mask, real_tokens, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states)
@@ -496,16 +534,23 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
+        attention_mask = _keep_fully_padded_rows_finite(attention_mask)
+        encoder_attention_mask = _keep_fully_padded_rows_finite(encoder_attention_mask)
+        # Position-wise layers skip the padding: the target's when there is no cache (incremental decoding has one
+        # new token per row), the source's for the cross-attention keys/values until the cache holds them.
+        real_tokens = packing(attention_mask) if cache is None else None
+        cross_cached = isinstance(cache, EncoderDecoderCache) and bool(cache.is_updated) and all(cache.is_updated.values())
+        real_source_tokens = None if cross_cached or encoder_hidden_states is None else packing(encoder_attention_mask)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
-            attention_mask=_keep_fully_padded_rows_finite(attention_mask),
+            attention_mask=attention_mask,
             cache=self_attn_cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
-            attention_mask=_keep_fully_padded_rows_finite(encoder_attention_mask),
+            attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:
@@ -515,6 +560,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
                 cache=cache,
+                packing=real_tokens,
+                source_packing=real_source_tokens,
                 **kwargs,
             )
         if self.layer_norm is not None:

@@ -274,9 +274,9 @@ def test_beam_search_float32_bfloat16_padding_and_user_criteria(tiny_config):
 
 
 def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
-    """The beams of a source share its cross-attention keys/values: projected for the sources and kept once per
-    source (the beams attend to them together), equal to projecting every row; the source mask is per source too;
-    rows that are not whole groups of repeats are projected one by one."""
+    """The beams of a source share its cross-attention keys/values: projected for the sources' real tokens and kept
+    once per source (the beams attend to them together), equal to projecting every row; the source mask is per source
+    too; rows that are not whole groups of repeats are projected one by one."""
     model = make_model(tiny_config, seed=10).double()
     layer = model.model.decoder.layers[1]
     sources = torch.randn(3, 5, tiny_config.d_model, dtype=torch.float64)
@@ -289,7 +289,7 @@ def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
     heads = layer.encoder_attn.num_heads
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
         grouped = decoding_vaswani._start(model, generation_config, kwargs, group=4)
-    assert projected.call_args.args[0].shape[0] == 3  # the sources only
+    assert projected.call_args.args[0].shape[0] == source_mask.sum()  # the sources' real tokens only
     assert grouped.layers[1].group == 4
     attended = grouped.cross_mask[:, 0] == 0  # (sources * H, S): the additive mask's zeros
     assert torch.equal(attended, source_mask.bool().repeat_interleave(heads, 0))
@@ -305,7 +305,7 @@ def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
     shuffled = {**kwargs, "encoder_outputs": mock.Mock(last_hidden_state=expanded.flip(0).roll(1, 0))}
     with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
         decoding_vaswani._start(model, generation_config, shuffled, group=4)
-    assert projected.call_args.args[0].shape[0] == 12  # not repeats: every row
+    assert projected.call_args.args[0].shape[0] == 4 * source_mask.sum()  # not repeats: every row's real tokens
 
 
 def test_beam_calls_it_does_not_serve_fall_back(tiny_config):

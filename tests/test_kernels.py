@@ -208,3 +208,56 @@ def test_lean_decoding_with_and_without_onednn_gives_transformers_tokens(tiny_co
         assert ran and torch.equal(lean, reference)
         lean, reference, ran = beam_both(model, **inputs, num_beams=3)
         assert ran and torch.equal(lean, reference)
+
+
+def test_packing_round_trip_and_when_it_applies():
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    real = kernels.packing(mask)
+    x = torch.arange(2 * 3 * 2.0).view(2, 3, 2)
+    packed = real.pack(x)
+    assert torch.equal(packed, x[mask.bool()])  # (N, d): the real tokens in order
+    unpacked = real.unpack(packed)
+    assert torch.equal(unpacked[mask.bool()], packed) and (unpacked[~mask.bool()] == 0).all()
+    assert kernels.packing(torch.ones(2, 3)) is None  # nothing padded
+    assert kernels.packing(None) is None and kernels.packing(torch.ones(2, 1, 3, 3)) is None  # no 2D mask
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_model_equals_the_padded_model_in_float64(tiny_config, normalize_before, attn, monkeypatch):
+    """Position-wise layers on the real tokens only: the logits at real positions, the loss and every gradient equal
+    those of the model run over the padding too (float64); the encoder's output is zero at the padding; the encoder's
+    and the decoder's FFNs see only the real tokens."""
+    tiny_config.normalize_before = normalize_before
+    model = make_model(tiny_config, attn=attn, seed=11).double().train()  # dropout is 0 in the tiny config
+    batch = padded_batch(5, batch=5)
+    seen_rows = {}
+    hooks = [module.register_forward_hook(lambda m, args, out, name=name: seen_rows.update({name: args[0].shape}))
+             for name, module in (("encoder", model.model.encoder.layers[0].ffn),
+                                  ("decoder", model.model.decoder.layers[0].ffn))]
+    results = {}
+    for packed in (True, False):
+        if not packed:
+            monkeypatch.setattr("vaswani.modeling_vaswani.packing", lambda mask: None)
+        model.zero_grad(set_to_none=True)
+        out = model(**batch, output_hidden_states=True)
+        out.loss.backward()
+        results[packed] = out, {n: p.grad.clone() for n, p in model.named_parameters()}
+        if packed:
+            for hook in hooks:
+                hook.remove()
+    (packed_out, packed_grads), (plain_out, plain_grads) = results[True], results[False]
+    assert seen_rows["encoder"][0] == batch["attention_mask"].sum()  # (N, d), not (B, S, d)
+    assert seen_rows["decoder"][0] == batch["decoder_attention_mask"].sum()
+    real = batch["decoder_attention_mask"].bool()
+    torch.testing.assert_close(packed_out.logits[real], plain_out.logits[real], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(packed_out.loss, plain_out.loss, rtol=1e-12, atol=1e-12)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-10, atol=1e-10, msg=name)
+    source_real = batch["attention_mask"].bool()
+    encoder_out = packed_out.encoder_last_hidden_state
+    torch.testing.assert_close(encoder_out[source_real], plain_out.encoder_last_hidden_state[source_real],
+                               rtol=1e-10, atol=1e-10)
+    if not normalize_before:  # pre-LN ends with a norm over every position: LN(0) is its bias there
+        assert (encoder_out[~source_real] == 0).all()
+    assert all(h.shape == (5, 9, tiny_config.d_model) for h in packed_out.encoder_hidden_states)
