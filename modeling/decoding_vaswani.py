@@ -5,8 +5,9 @@ Per new token, transformers' loop prepares inputs, rebuilds the decoder's masks,
 fresh cache, tokens only) none of that is needed: this loop keeps each layer's keys and values in one preallocated
 buffer, projects the encoder output for cross-attention once, builds the source mask once, freezes the decoder's
 weights for the call (packed for oneDNN where it applies: `kernels_vaswani.FrozenLinear`), and runs each layer on one
-new position at a time: its own norms, activation and residual order (`_residual`), attention as batched matmuls
-(`single_query_attention`: SDPA's CPU kernel costs several times more for one query). It calls the same
+new position at a time: its own norms and activation in the residual order of the model's forward, the residual
+additions and a ReLU fused into the GEMMs, attention as batched matmuls (`single_query_attention`: SDPA's CPU kernel
+costs several times more for one query). It calls the same
 `logits_processor` and `stopping_criteria` objects as transformers' loop, in the same order, so length limits,
 `min_new_tokens`, forced tokens, repetition penalties, EOS handling and sampling (the same `torch.multinomial`
 draw) behave exactly as there.
@@ -206,7 +207,8 @@ class _LeanDecoder:
 
     def __init__(self, model, sources: torch.Tensor, source_mask: torch.Tensor | None, rows: int, capacity: int):
         decoder = model.model.decoder
-        self.embed_tokens, self.embed_scale, self.positions = decoder.embed_tokens, decoder.embed_scale, decoder.embed_positions
+        self.embed_tokens, self.embed_scale = decoder.embed_tokens, decoder.embed_scale
+        self.positions = decoder.embed_positions
         source_packing = packing(None if source_mask is None else _finite_rows(source_mask))
         self.layers = [_LeanLayer(layer, sources, rows, capacity, source_packing) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)

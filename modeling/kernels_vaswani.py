@@ -122,7 +122,8 @@ class FrozenLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "relu" if self.relu else "none", [], "")
+            attr = "relu" if self.relu else "none"
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], "")
         out = F.linear(x, self.weight, self.bias)
         return out.relu_() if self.relu else out
 

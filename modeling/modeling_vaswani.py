@@ -561,7 +561,9 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         # Position-wise layers skip the padding: the target's when there is no cache (incremental decoding has one
         # new token per row), the source's for the cross-attention keys/values until the cache holds them.
         real_tokens = packing(attention_mask) if cache is None else None
-        cross_cached = isinstance(cache, EncoderDecoderCache) and bool(cache.is_updated) and all(cache.is_updated.values())
+        cross_cached = isinstance(cache, EncoderDecoderCache) and bool(cache.is_updated) and all(
+            cache.is_updated.values()
+        )
         real_source_tokens = None if cross_cached or encoder_hidden_states is None else packing(encoder_attention_mask)
         causal_mask = create_causal_mask(
             config=self.config,
