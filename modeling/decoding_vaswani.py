@@ -20,6 +20,7 @@ back to it. Setting `model.lean_decoding = False` always takes transformers' loo
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -77,9 +78,13 @@ class _LeanLayer:
         self.norms = [_layer_norm(norm) for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
                                                       layer.final_layer_norm)]
         self.heads, self.head_dim, self.scaling = attention.num_heads, attention.head_dim, attention.scaling
-        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj)
+        # A power-of-two scale (head size 4, 16, 64, 256) goes into the query projection: exact, one kernel less.
+        query_scale = self.scaling if math.frexp(self.scaling)[0] == 0.5 else 1.0
+        self.scaling /= query_scale
+        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale)
         self.self_out = _frozen(rows, attention.o_proj)
-        self.cross_query, self.cross_out = _frozen(rows, cross.q_proj), _frozen(rows, cross.o_proj)
+        self.cross_query = _frozen(rows, cross.q_proj, query_scale=query_scale)
+        self.cross_out = _frozen(rows, cross.o_proj)
         relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
         self.fc1, self.fc2 = _frozen(rows, ffn.fc1, relu=relu), _frozen(rows, ffn.fc2)
         self.activation = (lambda x: x) if relu else ffn.activation
@@ -149,19 +154,23 @@ def _layer_norm(norm: torch.nn.LayerNorm):
                              eps=norm.eps)
 
 
-def _frozen(rows: int, *projections, relu: bool = False) -> FrozenLinear:
-    """`projections` (nn.Linear modules of one input) as one frozen linear layer for inputs of about `rows` rows. Kept
-    on the first module between `generate` calls and rebuilt when a parameter changes (an in-place update bumps its
-    version counter) or the number of rows does: a second copy of the decoder's weights, in oneDNN's layout."""
+def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.0) -> FrozenLinear:
+    """`projections` (nn.Linear modules of one input) as one frozen linear layer for inputs of about `rows` rows, the
+    first one's outputs multiplied by `query_scale` (a power of two: exact). Kept on the first module between
+    `generate` calls and rebuilt when a parameter changes (an in-place update bumps its version counter) or the number
+    of rows does: a second copy of the decoder's weights, in oneDNN's layout."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
     onednn = onednn_applies(parameters[0], parameters[0])  # part of the key: `ONEDNN_LINEAR` may change
-    key = (rows, relu, onednn, *((p.data_ptr(), p._version) for p in parameters))
+    key = (rows, relu, query_scale, onednn, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():
-            weight, bias = projections[0].weight, projections[0].bias
+            first = projections[0]
+            weights = [first.weight * query_scale, *(p.weight for p in projections[1:])]
+            biases = [None if first.bias is None else first.bias * query_scale, *(p.bias for p in projections[1:])]
+            weight, bias = weights[0], biases[0]
             if len(projections) > 1:
-                weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
+                weight, bias = torch.cat(weights), torch.cat(biases)
             cached = (key, FrozenLinear(weight, bias, rows, relu=relu))
         projections[0].__dict__["_frozen_linear"] = cached  # a plain attribute: never saved, loaded or moved
     return cached[1]

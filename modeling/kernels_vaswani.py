@@ -153,12 +153,15 @@ class _ShortSoftmax(torch.autograd.Function):
         return (grad_output - (grad_output * out).sum(-1, keepdim=True)).mul_(out)
 
 
-SHORT_SOFTMAX = 16  # rows shorter than this take `_ShortSoftmax` on CPU
+# Rows shorter than this take `_ShortSoftmax` on CPU, when there are enough of them for torch's per-row cost to
+# outweigh the five kernels `_ShortSoftmax` launches (a decoding step's 256 rows of 12 are faster with torch's).
+SHORT_SOFTMAX, SHORT_SOFTMAX_MIN_ELEMENTS = 16, 2**14
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
-    """`x.softmax(-1)`, through `_ShortSoftmax` for short rows on CPU (outside compilation)."""
-    if x.shape[-1] < SHORT_SOFTMAX and x.device.type == "cpu" and not torch.compiler.is_compiling():
+    """`x.softmax(-1)`, through `_ShortSoftmax` for many short rows on CPU (outside compilation)."""
+    if (x.shape[-1] < SHORT_SOFTMAX and x.numel() >= SHORT_SOFTMAX_MIN_ELEMENTS and x.device.type == "cpu"
+            and not torch.compiler.is_compiling()):
         return _ShortSoftmax.apply(x)
     return x.softmax(-1)
 
@@ -211,7 +214,9 @@ def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     additive_mask (N, G, S) or broadcastable, or None -> (N, G, D). Batched GEMMs with the scale and the mask folded
     in (`baddbmm`), then a softmax: far cheaper per call than SDPA's CPU kernel for one query."""
     if additive_mask is None:
-        scores = torch.bmm(query, keys.transpose(1, 2)).mul_(scaling)
+        scores = torch.bmm(query, keys.transpose(1, 2))
+        if scaling != 1:
+            scores.mul_(scaling)
     else:
         scores = torch.baddbmm(additive_mask, query, keys.transpose(1, 2), alpha=scaling)
     return torch.bmm(softmax(scores), values)

@@ -327,3 +327,21 @@ def test_beam_calls_it_does_not_serve_fall_back(tiny_config):
             mock.patch("vaswani.modeling_vaswani.lean_beam_search", side_effect=AssertionError("helpers")):
         assert "beam-search helpers" in decoding_vaswani.lean_beam_blocker(model, batch["input_ids"][:, :1],
                                                                            model.generation_config, False, {})
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_query_scale_folded_or_not_gives_transformers_tokens(tiny_config, heads):
+    """A power-of-two attention scale (head size 4: 0.5) is folded into the frozen query projections; another one
+    (head size 8: 8 ** -0.5) is applied to the scores. Both give the tokens of transformers' loops."""
+    tiny_config.encoder_attention_heads = tiny_config.decoder_attention_heads = heads
+    model = make_model(tiny_config, seed=13).double()
+    batch = padded_batch(17, batch=5)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=10)
+    layer = decoding_vaswani._start(model, mock.Mock(max_length=4), {
+        "encoder_outputs": mock.Mock(last_hidden_state=torch.randn(5, 9, 16, dtype=torch.float64)),
+        "attention_mask": batch["attention_mask"]}).layers[0]
+    assert layer.scaling == (1.0 if heads == 4 else 8**-0.5)
+    for search in ("lean_sample", "lean_beam_search"):
+        extra = {} if search == "lean_sample" else {"num_beams": 3}
+        lean, reference, ran = generate_both(model, search, **inputs, **extra)
+        assert ran and torch.equal(lean, reference)

@@ -265,12 +265,14 @@ def test_packed_model_equals_the_padded_model_in_float64(tiny_config, normalize_
 
 def test_short_softmax_equals_torch_softmax_with_gradients():
     g = torch.Generator().manual_seed(12)
-    x = torch.randn(3, 4, 5, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(16, 8, 12, 12, generator=g, dtype=torch.float64, requires_grad=True)
     y = kernels.softmax(x)
-    assert type(y.grad_fn).__name__ == "_ShortSoftmaxBackward"  # rows of 12: the elementwise path ran
+    assert type(y.grad_fn).__name__ == "_ShortSoftmaxBackward"  # many rows of 12: the elementwise path ran
     torch.testing.assert_close(y, x.softmax(-1), rtol=1e-14, atol=1e-14)
     assert torch.autograd.gradcheck(kernels._ShortSoftmax.apply, (x[:1, :1],))
     masked = torch.tensor([[0.0, torch.finfo(torch.float32).min, 1.0], [torch.finfo(torch.float32).min] * 3])
     torch.testing.assert_close(kernels.softmax(masked), masked.softmax(-1))  # a fully masked row: uniform, finite
-    wide = torch.randn(2, 16, dtype=torch.float64, requires_grad=True)
+    wide = torch.randn(2048, 16, dtype=torch.float64, requires_grad=True)
     assert type(kernels.softmax(wide).grad_fn).__name__ != "_ShortSoftmaxBackward"  # torch's kernel from 16 on
+    few = torch.randn(256, 1, 12, dtype=torch.float64, requires_grad=True)
+    assert type(kernels.softmax(few).grad_fn).__name__ != "_ShortSoftmaxBackward"  # and for few rows
