@@ -28,6 +28,7 @@ from .decoding_vaswani import lean_beam_blocker, lean_beam_search, lean_decoding
 from .kernels_vaswani import (
     Linear,
     Packing,
+    cross_entropy,
     input_gradient,
     linear,
     matmul_attention,
@@ -743,12 +744,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """Token-mean cross-entropy over labels != -100 (labels are aligned with the decoder inputs: no shift), with
         `config.label_smoothing`. Under Trainer with gradient accumulation, `num_items_in_batch` is the number of
         label tokens in the whole accumulated batch: the sum is divided by it instead."""
-        total = F.cross_entropy(
+        total = cross_entropy(
             logits.float().view(-1, logits.shape[-1]),
             labels.view(-1).to(logits.device),
-            ignore_index=-100,
+            self.config.label_smoothing,
             reduction="sum" if num_items_in_batch is not None else "mean",  # mean: over labels != -100
-            label_smoothing=self.config.label_smoothing,
         )
         if num_items_in_batch is None:
             return total

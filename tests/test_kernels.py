@@ -276,3 +276,31 @@ def test_short_softmax_equals_torch_softmax_with_gradients():
     assert type(kernels.softmax(wide).grad_fn).__name__ != "_ShortSoftmaxBackward"  # torch's kernel from 16 on
     few = torch.randn(256, 1, 12, dtype=torch.float64, requires_grad=True)
     assert type(kernels.softmax(few).grad_fn).__name__ != "_ShortSoftmaxBackward"  # and for few rows
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_equals_torch_with_gradients(smoothing, reduction):
+    g = torch.Generator().manual_seed(14)
+    logits = torch.randn(37, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (37,), generator=g)
+    labels[::5] = -100
+    ours = kernels.cross_entropy(logits, labels, smoothing, reduction)
+    assert type(ours.grad_fn).__name__ == "_CrossEntropyBackward"
+    reference = F.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction, label_smoothing=smoothing)
+    torch.testing.assert_close(ours, reference, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(torch.autograd.grad(2 * ours, logits)[0], torch.autograd.grad(2 * reference, logits)[0],
+                               rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: kernels.cross_entropy(x, labels[:6], smoothing, reduction), (logits[:6],))
+    wide = torch.randn(300, 5000, dtype=torch.float32)  # several blocks of rows
+    wide_labels = torch.randint(0, 5000, (300,))
+    torch.testing.assert_close(kernels.cross_entropy(wide, wide_labels, smoothing, reduction),
+                               F.cross_entropy(wide, wide_labels, reduction=reduction, label_smoothing=smoothing),
+                               rtol=1e-5, atol=1e-3)
+    assert kernels.cross_entropy(logits, torch.full((37,), -100), smoothing).isnan()  # nothing to average, as torch
+
+
+def test_cross_entropy_refuses_labels_outside_the_vocabulary():
+    for bad in (11, -3):
+        with pytest.raises(ValueError, match="vocab_size"):
+            kernels.cross_entropy(torch.randn(4, 11), torch.tensor([1, bad, 2, -100]))
