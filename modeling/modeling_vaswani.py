@@ -135,14 +135,16 @@ def eager_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H, Tq, D), k/v (B, H, Tk, D), additive mask (B, 1, Tq, Tk) -> out (B, Tq, H, D), weights (B, H, Tq, Tk)."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # in place: the product's backward needs no output
     if attention_mask is not None:
-        scores = scores + attention_mask
+        scores = scores.add_(attention_mask) if attention_mask.dtype == scores.dtype else scores + attention_mask
     elif module.is_causal and query.shape[2] > 1:
-        # No mask was built (nothing padded): the causal structure must still hold.
-        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
-        causal = causal.tril(key.shape[2] - query.shape[2])
-        scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+        # No mask was built (nothing padded): the causal structure must still hold. Added as floats (0 or the
+        # minimum): torch's elementwise kernels are far slower with a bool mask operand.
+        future = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
+        future = future.triu(key.shape[2] - query.shape[2] + 1)
+        scores = scores.add_(torch.zeros(future.shape, dtype=scores.dtype, device=scores.device).masked_fill_(
+            future, torch.finfo(scores.dtype).min))
     weights = softmax(scores.float()).to(query.dtype)
     weights = _dropout(weights, dropout, module.training)
     out = torch.matmul(weights, value)
