@@ -1,7 +1,9 @@
 """The CPU kernels behind the model's layers: oneDNN for the linear layers where its kernels beat MKL's, and attention
-over short sequences as two matmuls and a softmax instead of torch's CPU flash kernel.
+over short sequences as two matmuls and a softmax instead of torch's CPU flash kernel (the rule here; the matmuls are
+the model's eager function), a softmax and a cross-entropy that avoid slow paths of torch's CPU kernels, and the
+packing of a padded batch's real tokens for the position-wise layers.
 
-Both give the same results as the plain path within float32 rounding (tested); neither changes a parameter, a saved
+Each gives the same results as the plain path within float32 rounding (tested); none changes a parameter, a saved
 file or the model's function. Everything else (CUDA, other dtypes, autocast, `torch.compile`) takes the plain path.
 
 Measured on this project's 2-core AMD EPYC (Zen 4, AVX-512), 2 threads: oneDNN's float32 inner product runs the
@@ -167,10 +169,10 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def short_attention_applies(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether SDPA-style attention over these shapes runs as matmuls (`matmul_attention`): on CPU in float32/float64,
-    when there are no more keys than the head size. For backward the matmuls keep the attention weights (T x S per
-    head) where SDPA's kernel keeps its output (T x D), so they never hold more memory; longer sources keep the kernel,
-    whose memory grows linearly with length."""
+    """Whether SDPA-style attention over these shapes runs as matmuls (through the model's eager function): on CPU in
+    float32/float64, when there are no more keys than the head size. For backward the matmuls keep the attention
+    weights (T x S per head) where SDPA's kernel keeps its output (T x D), so they never hold more memory; longer
+    sources keep the kernel, whose memory grows linearly with length."""
     return (
         query.device.type == "cpu"
         and query.dtype in (torch.float32, torch.float64)
@@ -178,34 +180,6 @@ def short_attention_applies(query: torch.Tensor, key: torch.Tensor) -> bool:
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
     )
-
-
-def matmul_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """What `sdpa_attention_forward` computes, as matmuls: q (B, H, T, D), k/v (B, H, S, D); the mask as SDPA takes
-    it (bool, True = attend, or additive float; broadcast to (B, H, T, S)), or None: causal when the module is and
-    there is more than one query. -> out (B, T, H, D), and no weights (as SDPA). A row that may attend to nothing
-    gets uniform weights instead of NaN."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-    if attention_mask is None and module.is_causal and query.shape[-2] > 1:
-        attention_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device)
-        attention_mask = attention_mask.tril(key.shape[-2] - query.shape[-2])
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    elif attention_mask is not None:
-        scores = scores + attention_mask
-    weights = softmax(scores)
-    if dropout > 0:
-        weights = F.dropout(weights, p=dropout, training=True)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
 
 
 def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -226,8 +200,9 @@ class _CrossEntropy(torch.autograd.Function):
     """The (label-smoothed) cross-entropy of logits (N, V) against labels (N,), -100 ignored, summed or averaged over
     the labels that count, without the (N, V) log-probabilities, the zero-filled (N, V) gradient and the second (N, V)
     buffer of log-softmax's backward that `F.cross_entropy` allocates: the log-sum-exp is taken in blocks of rows, and
-    backward writes the gradient, softmax - target, into one new buffer. Fresh 32 MB buffers page-fault on first touch (the paper's base size:
-    1,024 tokens x 8,000 words); in a training step that made torch's loss 3-4x its cost in isolation (measured)."""
+    backward writes the gradient, softmax - target, into one new buffer. Fresh 32 MB buffers page-fault on first touch
+    (the paper's base size: 1,024 tokens x 8,000 words); in a training step that made torch's loss 3-4x its cost in
+    isolation (measured)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, mean: bool) -> torch.Tensor:

@@ -31,7 +31,6 @@ from .kernels_vaswani import (
     cross_entropy,
     input_gradient,
     linear,
-    matmul_attention,
     packing,
     short_attention_applies,
     softmax,
@@ -134,21 +133,33 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, H, Tq, D), k/v (B, H, Tk, D), additive mask (B, 1, Tq, Tk) -> out (B, Tq, H, D), weights (B, H, Tq, Tk)."""
+    """q (B, H, Tq, D), k/v (B, H, Tk, D); the mask additive (float) or as SDPA takes it (bool, True = attend),
+    broadcast to (B, H, Tq, Tk), or None: causal when the module is and there is more than one query -> out
+    (B, Tq, H, D), weights (B, H, Tq, Tk). The softmax runs in float32 for half-precision inputs. A row that may attend
+    to nothing gets uniform weights (finite), not NaN."""
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # in place: the product's backward needs no output
-    if attention_mask is not None:
-        scores = scores.add_(attention_mask) if attention_mask.dtype == scores.dtype else scores + attention_mask
-    elif module.is_causal and query.shape[2] > 1:
+    if attention_mask is None and module.is_causal and query.shape[2] > 1:
         # No mask was built (nothing padded): the causal structure must still hold. Added as floats (0 or the
         # minimum): torch's elementwise kernels are far slower with a bool mask operand.
         future = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         future = future.triu(key.shape[2] - query.shape[2] + 1)
-        scores = scores.add_(torch.zeros(future.shape, dtype=scores.dtype, device=scores.device).masked_fill_(
-            future, torch.finfo(scores.dtype).min))
-    weights = softmax(scores.float()).to(query.dtype)
+        attention_mask = torch.zeros(future.shape, dtype=scores.dtype, device=scores.device)
+        attention_mask.masked_fill_(future, torch.finfo(scores.dtype).min)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
+        scores = scores.add_(attention_mask) if attention_mask.dtype == scores.dtype else scores + attention_mask
+    full_precision = scores.dtype in (torch.float32, torch.float64)
+    weights = softmax(scores if full_precision else scores.float()).to(query.dtype)
     weights = _dropout(weights, dropout, module.training)
     out = torch.matmul(weights, value)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _sdpa_by_matmuls(*args, **kwargs) -> tuple[torch.Tensor, None]:
+    """What `sdpa_attention_forward` computes (bool masks, None meaning causal for causal modules), through
+    `eager_attention_forward`, without returning the weights, as SDPA does not."""
+    return eager_attention_forward(*args, **kwargs)[0], None
 
 
 class _FusedLinear(torch.autograd.Function):
@@ -299,7 +310,7 @@ class VaswaniAttention(nn.Module):
 
         attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         if implementation == "sdpa" and short_attention_applies(query, key):
-            attend = matmul_attention  # SDPA's result; its CPU kernel costs 1.5-2.5x more at these lengths
+            attend = _sdpa_by_matmuls  # SDPA's result; its CPU kernel costs 1.4-2.5x more at these lengths
         out, weights = attend(
             self,
             query,

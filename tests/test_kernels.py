@@ -10,12 +10,12 @@ from vaswani import kernels_vaswani as kernels
 from vaswani.kernels_vaswani import (
     FrozenLinear,
     linear,
-    matmul_attention,
     onednn_applies,
     short_attention_applies,
     single_query_attention,
 )
 
+from vaswani.modeling_vaswani import _sdpa_by_matmuls
 from test_decoding import beam_both, generate_both
 from test_modeling import make_model, padded_batch
 
@@ -112,11 +112,11 @@ def _attention_inputs(batch=3, heads=2, queries=5, keys=6, size=8, dtype=torch.f
 
 class _Module:
     def __init__(self, is_causal):
-        self.is_causal = is_causal
+        self.is_causal, self.training = is_causal, False
 
 
 @pytest.mark.parametrize("case", ["none", "causal", "causal_offset", "bool", "float"])
-def test_matmul_attention_equals_sdpa_in_float64_with_gradients(case):
+def test_sdpa_by_matmuls_equals_sdpa_in_float64_with_gradients(case):
     queries = 4 if case == "causal_offset" else 6
     q, k, v = (t.requires_grad_() for t in _attention_inputs(queries=queries, keys=6))
     mask, sdpa_kwargs = None, {}
@@ -132,7 +132,7 @@ def test_matmul_attention_equals_sdpa_in_float64_with_gradients(case):
         mask = torch.randn(3, 1, queries, 6, dtype=torch.float64)
         sdpa_kwargs = dict(attn_mask=mask)
     module = _Module(is_causal=case.startswith("causal"))
-    out, weights = matmul_attention(module, q, k, v, mask, scaling=0.3)
+    out, weights = _sdpa_by_matmuls(module, q, k, v, mask, scaling=0.3)
     assert weights is None and out.shape == (3, queries, 2, 8)
     expected = F.scaled_dot_product_attention(q, k, v, scale=0.3, **sdpa_kwargs).transpose(1, 2)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
@@ -143,11 +143,11 @@ def test_matmul_attention_equals_sdpa_in_float64_with_gradients(case):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_matmul_attention_keeps_a_fully_masked_row_finite():
+def test_sdpa_by_matmuls_keeps_a_fully_masked_row_finite():
     q, k, v = _attention_inputs(dtype=torch.float32)
     mask = torch.ones(3, 1, 5, 6, dtype=torch.bool)
     mask[1] = False
-    out, _ = matmul_attention(_Module(False), q, k, v, mask, scaling=0.3)
+    out, _ = _sdpa_by_matmuls(_Module(False), q, k, v, mask, scaling=0.3)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[1], v[1].mean(-2, keepdim=True).expand(2, 5, 8).transpose(0, 1))
 
