@@ -25,7 +25,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .kernels_vaswani import FrozenLinear, Packing, onednn_applies, packing, single_query_attention
+from .kernels_vaswani import (
+    FrozenLinear,
+    Packing,
+    keep_fully_padded_rows_finite,
+    onednn_applies,
+    packing,
+    single_query_attention,
+)
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
@@ -197,18 +204,11 @@ def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype
     as in the model's forward (its outputs are never used)."""
     if attention_mask is None:
         return None
-    keep = _finite_rows(attention_mask)
+    keep = keep_fully_padded_rows_finite(attention_mask).bool()
     if bool(keep.all()):
         return None
     additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
     return additive.repeat_interleave(heads, 0)[:, None, :]
-
-
-def _finite_rows(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, S) source padding -> bool, a row that is all padding made to attend to every position (as the model's
-    forward does)."""
-    keep = attention_mask.bool()
-    return keep | ~keep.any(-1, keepdim=True)
 
 
 class _LeanDecoder:
@@ -218,7 +218,7 @@ class _LeanDecoder:
         decoder = model.model.decoder
         self.embed_tokens, self.embed_scale = decoder.embed_tokens, decoder.embed_scale
         self.positions = decoder.embed_positions
-        source_packing = packing(None if source_mask is None else _finite_rows(source_mask))
+        source_packing = packing(None if source_mask is None else keep_fully_padded_rows_finite(source_mask))
         self.layers = [_LeanLayer(layer, sources, rows, capacity, source_packing) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
         self.lm_head = _frozen(rows, model.lm_head)

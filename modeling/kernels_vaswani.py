@@ -27,7 +27,7 @@ ONEDNN_LINEAR: bool | None = None
 
 
 @functools.cache
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -49,7 +49,7 @@ def _plain_cpu(*tensors: torch.Tensor) -> bool:
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight, ...)` runs on oneDNN."""
     wanted = ONEDNN_LINEAR if ONEDNN_LINEAR is not None else _avx512()
-    return wanted and _onednn_available() and _plain_cpu(x, weight)
+    return wanted and onednn_available() and _plain_cpu(x, weight)
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -270,6 +270,14 @@ class Packing(NamedTuple):
         """(N, ...) -> (B, S, ...), zeros at the padding."""
         padded = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy(0, self.rows, x)
         return padded.view(self.batch, self.length, *x.shape[1:])
+
+
+def keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A row that is all padding would attend to nothing (NaN in some backends): let it attend to every position.
+    Its outputs are never used; the other rows are untouched."""
+    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2:
+        return attention_mask
+    return torch.where(attention_mask.bool().any(-1, keepdim=True), attention_mask, torch.ones_like(attention_mask))
 
 
 def packing(attention_mask: torch.Tensor | None) -> Packing | None:

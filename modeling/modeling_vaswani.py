@@ -29,6 +29,7 @@ from .kernels_vaswani import (
     Linear,
     Packing,
     cross_entropy,
+    keep_fully_padded_rows_finite,
     input_gradient,
     linear,
     packing,
@@ -434,14 +435,6 @@ class VaswaniDecoderLayer(_SublayerMixin, GradientCheckpointingLayer):
         return x if packing is None else packing.unpack(x)
 
 
-def _keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A row that is all padding would attend to nothing (NaN in some backends): let it attend to every position.
-    Its outputs are never used; the other rows are untouched."""
-    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2:
-        return attention_mask
-    return torch.where(attention_mask.bool().any(-1, keepdim=True), attention_mask, torch.ones_like(attention_mask))
-
-
 class VaswaniPreTrainedModel(PreTrainedModel):
     config: VaswaniConfig
     base_model_prefix = "model"
@@ -507,7 +500,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
-        attention_mask = _keep_fully_padded_rows_finite(attention_mask)
+        attention_mask = keep_fully_padded_rows_finite(attention_mask)
         real_tokens = packing(attention_mask)  # position-wise layers skip the padding; its outputs are zeros
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -570,8 +563,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         hidden_states = inputs_embeds + positions
         hidden_states = _dropout(hidden_states, self.config.dropout, self.training)
 
-        attention_mask = _keep_fully_padded_rows_finite(attention_mask)
-        encoder_attention_mask = _keep_fully_padded_rows_finite(encoder_attention_mask)
+        attention_mask = keep_fully_padded_rows_finite(attention_mask)
+        encoder_attention_mask = keep_fully_padded_rows_finite(encoder_attention_mask)
         # Position-wise layers skip the padding: the target's when there is no cache (incremental decoding has one
         # new token per row), the source's for the cross-attention keys/values until the cache holds them.
         real_tokens = packing(attention_mask) if cache is None else None

@@ -31,6 +31,7 @@ import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.kernels_vaswani import onednn_available
 
 from .convert_marian import marian_config_to_vaswani, marian_state_dict_to_vaswani
 
@@ -253,7 +254,7 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """The best fp32 rate of an n x n x n product on MKL (`a @ b`) or oneDNN, whichever is faster here."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     kernels = [lambda: a @ b]
-    if _onednn_available():
+    if onednn_available():
         kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     best = 0.0
     for kernel in kernels:
@@ -286,10 +287,6 @@ def step_flops(size: str) -> float:
     return 3 * (gemm + attention)
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def ideal_step_seconds(size: str, repeats: int = 3) -> float:
     """The step's GEMMs (forward, input-gradient and weight-gradient shapes) each timed at its own rate, on the faster
     of MKL (`a @ b`) and oneDNN (the kernel vaswani's linear layers use where it applies)."""
@@ -298,7 +295,7 @@ def ideal_step_seconds(size: str, repeats: int = 3) -> float:
         for shape in ((m, k, n), (m, n, k), (k, m, n)):  # y = x W^T; dx = dy W; dW = dy^T x
             a, b = torch.randn(shape[0], shape[1]), torch.randn(shape[1], shape[2])
             kernels = [lambda: a @ b]
-            if _onednn_available():
+            if onednn_available():
                 kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], ""))
             for kernel in kernels:
                 kernel()
@@ -337,7 +334,7 @@ def ideal_generation_seconds(size: str, num_beams: int, sentences: int = SENTENC
         x, weight, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
         inner = max(1, int(5e7 // (2 * m * k * n)))  # small GEMMs timed in loops of a few milliseconds
         kernels = [lambda: torch.nn.functional.linear(x, weight, bias)]
-        if _onednn_available():
+        if onednn_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, m)
             kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
         seconds = []
