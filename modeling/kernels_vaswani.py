@@ -52,9 +52,10 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return wanted and onednn_available() and _plain_cpu(x, weight)
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias with oneDNN; `weight` dense (N, K), any strides, or packed by `pack_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False) -> torch.Tensor:
+    """x @ weight.T + bias with oneDNN (then a ReLU inside the same kernel when `relu`); `weight` dense (N, K), any
+    strides, or packed by `pack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
 
 
 def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -65,33 +66,39 @@ def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """`F.linear` with the forward and input-gradient GEMMs on oneDNN; the weight gradient stays with `mm`, which
-    was the faster of the two at the model's shapes. Saves what `F.linear` saves: the input and the weight."""
+    """`F.linear` (followed by a ReLU when `relu`) with the forward and input-gradient GEMMs on oneDNN; the weight
+    gradient stays with `mm`, which was the faster of the two at the model's shapes. Saves what `F.linear` (and
+    `relu`) save: the input and the weight (and the ReLU's output, whose sign is its gradient's mask); the fused ReLU
+    writes one (tokens, features) buffer instead of two."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+        out = _onednn_linear(x, weight, bias, relu)
+        ctx.save_for_backward(x, weight, out if relu else None)
         ctx.has_bias = bias is not None
-        return _onednn_linear(x, weight, bias)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        x, weight = ctx.saved_tensors
+        x, weight, out = ctx.saved_tensors
+        if out is not None:  # relu's own backward: the gradient where the output is positive
+            grad_output = torch.ops.aten.threshold_backward(grad_output, out, 0)
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
         grad_x = _onednn_linear(grad_output, weight.t(), None) if ctx.needs_input_grad[0] else None
         grad_weight = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
         grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias
+        return grad_x, grad_weight, grad_bias, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, on oneDNN where `onednn_applies`."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` (then `relu` when asked), on oneDNN where `onednn_applies`."""
     if not onednn_applies(x, weight):
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        return F.relu(out) if relu else out
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return _onednn_linear(x, weight, bias)
+        return _OneDNNLinear.apply(x, weight, bias, relu)
+    return _onednn_linear(x, weight, bias, relu)
 
 
 def input_gradient(grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

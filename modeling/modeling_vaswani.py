@@ -104,6 +104,12 @@ class _MaskedResidual(torch.autograd.Function):
         return (grad_output if ctx.has_residual else None), grad_branch, None, None
 
 
+def _plain_layer(module: nn.Module) -> bool:
+    """Whether `module` is a linear layer whose call is `linear(x, weight, bias)` and nothing else (no hooks), so
+    that calling `linear` with more fused into it skips nothing."""
+    return type(module) in (Linear, nn.Linear) and not (module._forward_hooks or module._forward_pre_hooks)
+
+
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """`F.dropout(x, p, training)`, with its mask drawn by `_keep_mask` on CPU. F.dropout with p=0 still runs a
     kernel in training mode; skipping it is free speed."""
@@ -343,7 +349,10 @@ class VaswaniFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.activation(self.fc1(hidden_states))
+        if isinstance(self.activation, nn.ReLU) and _plain_layer(self.fc1):  # the ReLU inside fc1's kernel
+            hidden_states = linear(hidden_states, self.fc1.weight, self.fc1.bias, relu=True)
+        else:
+            hidden_states = self.activation(self.fc1(hidden_states))
         hidden_states = _dropout(hidden_states, self.activation_dropout, self.training)
         return self.fc2(hidden_states)
 
@@ -703,6 +712,18 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Linear):
         self.lm_head = new_embeddings
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head and the logits bias. The bias goes into the head's matrix multiplication when the head is a
+        plain linear layer without hooks: a separate addition wrote a second (tokens, vocab) buffer, fresh memory that
+        cost 45 ms of a 1.9 s training step at the base size in page faults (profiled)."""
+        head, bias = self.lm_head, self.final_logits_bias
+        if bias is None:
+            return head(hidden)
+        if _plain_layer(head) and head.bias is None:
+            return linear(hidden, head.weight, bias.view(-1).to(hidden.dtype))
+        logits = head(hidden)
+        return logits + bias.to(logits.dtype)
+
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if self.final_logits_bias is not None:
@@ -796,9 +817,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.dtype)
+        logits = self._logits(outputs.last_hidden_state)
         loss = self.compute_loss(logits, labels, num_items_in_batch) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,

@@ -76,6 +76,27 @@ def test_onednn_linear_partial_gradients_and_no_bias(onednn):
         torch.testing.assert_close(linear(x, weight), x @ weight.t(), rtol=1e-5, atol=1e-5)
 
 
+@needs_onednn
+@pytest.mark.parametrize("path", ["onednn", "plain"])
+def test_linear_with_relu_matches_float64(path, monkeypatch):
+    monkeypatch.setattr(kernels, "ONEDNN_LINEAR", path == "onednn")
+    x, weight, bias = _linear_inputs(seed=4)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    out = linear(*leaves, relu=True)
+    assert (type(out.grad_fn).__name__ == "_OneDNNLinearBackward") == (path == "onednn")
+    assert 0.3 < (out == 0).float().mean() < 0.7  # both sides of the ReLU are exercised
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    doubles = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    expected = F.relu(F.linear(*doubles))
+    expected.backward(grad_output.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    for leaf, double in zip(leaves, doubles):
+        torch.testing.assert_close(leaf.grad.double(), double.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # no graph: oneDNN's kernel with the ReLU fused, equal to the separate ReLU bit for bit
+        assert torch.equal(linear(x, weight, bias, relu=True), linear(x, weight, bias).relu())
+
+
 def test_linear_takes_the_plain_path_where_onednn_does_not_apply(onednn):
     x, weight, bias = _linear_inputs(seed=2)
     assert torch.equal(linear(x.double(), weight.double(), bias.double()), F.linear(x.double(), weight.double(),
@@ -304,3 +325,40 @@ def test_cross_entropy_refuses_labels_outside_the_vocabulary():
     for bad in (11, -3):
         with pytest.raises(ValueError, match="vocab_size"):
             kernels.cross_entropy(torch.randn(4, 11), torch.tensor([1, bad, 2, -100]))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_fused_logits_bias_and_relu_equal_the_separate_layers_and_respect_hooks(tiny_config, on, monkeypatch):
+    """The logits bias inside the LM head's GEMM and the FFN's ReLU inside fc1's: the same logits and gradients as
+    the head, the bias addition and the ReLU as separate modules (taken when a hook is on the layer, so that a hook
+    still sees and changes what it would)."""
+    monkeypatch.setattr(kernels, "ONEDNN_LINEAR", on and kernels.onednn_available())
+    tiny_config.final_logits_bias = True
+    model = make_model(tiny_config, seed=7)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    batch = padded_batch(4)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(**batch)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fused_logits, fused_grads = run()
+    identity = lambda module, args, output: output  # noqa: E731 - a hook that changes nothing forces the module call
+    handles = [model.lm_head.register_forward_hook(identity)]
+    handles += [layer.ffn.fc1.register_forward_hook(identity)
+                for stack in (model.model.encoder, model.model.decoder) for layer in stack.layers]
+    separate_logits, separate_grads = run()
+    torch.testing.assert_close(fused_logits, separate_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in separate_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    for handle in handles:
+        handle.remove()
+    seen = []  # a hook that changes the output is honoured: the fused path is not taken under it
+    model.lm_head.register_forward_hook(lambda module, args, output: seen.append(1) or output * 0)
+    model.model.encoder.layers[0].ffn.fc1.register_forward_hook(lambda module, args, output: seen.append(2))
+    logits = model(**batch).logits
+    assert sorted(seen) == [1, 2]
+    torch.testing.assert_close(logits, model.final_logits_bias.expand_as(logits))
