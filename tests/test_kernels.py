@@ -321,6 +321,40 @@ def test_cross_entropy_equals_torch_with_gradients(smoothing, reduction):
     assert kernels.cross_entropy(logits, torch.full((37,), -100), smoothing).isnan()  # nothing to average, as torch
 
 
+def test_reusable_buffer_is_handed_out_again_only_when_nothing_refers_to_it():
+    like = torch.empty(3, 5)
+    first = kernels.reusable_like(like)
+    assert first.shape == (3, 5) and first.is_contiguous()
+    address = first.data_ptr()
+    view = first[1:]  # still referred to (through a view): the next call must not hand out the same memory
+    del first
+    second = kernels.reusable_like(like)
+    assert second.data_ptr() != address
+    second.fill_(7.0)
+    assert view.data_ptr() != second.data_ptr() and not bool((view == 7.0).all())
+    address = second.data_ptr()
+    del second, view
+    assert kernels.reusable_like(like).data_ptr() == address  # nothing refers to it: the same memory again
+    assert kernels.reusable_like(torch.empty(2, 4)).data_ptr() == address  # smaller: a view of the same
+    assert kernels.reusable_like(torch.empty(4, 5)).shape == (4, 5)  # larger: new memory
+    assert kernels.reusable_like(torch.empty(2, 2, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_cross_entropy_gradients_stay_when_the_user_keeps_them():
+    """The logits gradient reuses memory between backward passes; one the user still holds is never overwritten."""
+    g = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 50, (20,), generator=g)
+    grads = []
+    for seed in range(3):
+        logits = torch.randn(20, 50, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        kernels.cross_entropy(logits, labels).backward()  # logits.grad is the gradient buffer itself
+        grads.append((logits, logits.grad.clone()))
+    for logits, grad in grads:
+        torch.testing.assert_close(logits.grad, grad)
+        expected = (logits.detach().softmax(-1) - F.one_hot(labels, 50)) / 20
+        torch.testing.assert_close(logits.grad, expected)
+
+
 def test_cross_entropy_refuses_labels_outside_the_vocabulary():
     for bad in (11, -3):
         with pytest.raises(ValueError, match="vocab_size"):
