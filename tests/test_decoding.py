@@ -5,7 +5,14 @@ from unittest import mock
 
 import pytest
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    EncoderDecoderCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from vaswani import VaswaniForConditionalGeneration, decoding_vaswani
 from vaswani.decoding_vaswani import _LeanLayer, lean_decoding_blocker
@@ -345,3 +352,54 @@ def test_query_scale_folded_or_not_gives_transformers_tokens(tiny_config, heads)
         extra = {} if search == "lean_sample" else {"num_beams": 3}
         lean, reference, ran = generate_both(model, search, **inputs, **extra)
         assert ran and torch.equal(lean, reference)
+
+
+class _Recorder(LogitsProcessor):
+    """A user's logits processor: records what it is given and pushes token 7 up, so that its effect shows."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append((input_ids.clone(), scores.clone()))
+        scores = scores.clone()
+        scores[:, 7] += 3.0
+        return scores
+
+
+class _NeedsKeywords(LogitsProcessor):
+    def __call__(self, input_ids, scores, cur_len):
+        return scores
+
+
+@pytest.mark.parametrize("lean_function", ["lean_sample", "lean_beam_search"])
+def test_the_lean_loops_call_logits_processors_as_transformers_does(tiny_config, lean_function):
+    """Without the per-step signature checks of `LogitsProcessorList.__call__`: every processor, in order, with the
+    same inputs at every step (a user's one after the built-in min-length one); one that needs keyword arguments
+    still gets transformers' own error."""
+    model = make_model(tiny_config, seed=8)
+    batch = padded_batch(15, batch=3)
+    beams = dict(num_beams=3) if lean_function == "lean_beam_search" else {}
+    recorders = [_Recorder(), _Recorder()]
+
+    def call(recorder):
+        return dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6,
+                    min_new_tokens=3, logits_processor=LogitsProcessorList([recorder]), **beams)
+
+    calls = []
+    original = getattr(decoding_vaswani, lean_function)
+    with mock.patch(f"vaswani.modeling_vaswani.{lean_function}", lambda *a, **k: calls.append(1) or original(*a, **k)):
+        lean = model.generate(**call(recorders[0]))
+    model.lean_decoding = False
+    try:
+        reference = model.generate(**call(recorders[1]))
+    finally:
+        del model.lean_decoding
+    assert calls and torch.equal(lean, reference)
+    assert len(recorders[0].seen) == len(recorders[1].seen) > 0
+    for (ids, scores), (ref_ids, ref_scores) in zip(recorders[0].seen, recorders[1].seen):
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(scores, ref_scores)  # EOS already pushed down by the min-length processor
+    with pytest.raises(ValueError, match="required parameters"):
+        model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3,
+                       logits_processor=LogitsProcessorList([_NeedsKeywords()]), **beams)
