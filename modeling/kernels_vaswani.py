@@ -208,9 +208,9 @@ class _CrossEntropy(torch.autograd.Function):
     """The (label-smoothed) cross-entropy of logits (N, V) against labels (N,), -100 ignored, summed or averaged over
     the labels that count, without the (N, V) log-probabilities, the zero-filled (N, V) gradient and the second (N, V)
     buffer of log-softmax's backward that `F.cross_entropy` allocates: the log-sum-exp is taken in blocks of rows, and
-    backward writes the gradient, softmax - target, into one new buffer. Fresh 32 MB buffers page-fault on first touch
-    (the paper's base size: 1,024 tokens x 8,000 words); in a training step that made torch's loss 3-4x its cost in
-    isolation (measured)."""
+    backward writes the gradient, softmax - target, into one buffer (`reusable_like`: last step's when nothing refers
+    to it any more). Fresh 32 MB buffers page-fault on first touch (the paper's base size: 1,024 tokens x 8,000
+    words); in a training step that made torch's loss 3-4x its cost in isolation (measured)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, mean: bool) -> torch.Tensor:

@@ -349,7 +349,7 @@ class VaswaniFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.activation, nn.ReLU) and _plain_layer(self.fc1):  # the ReLU inside fc1's kernel
+        if type(self.activation) is nn.ReLU and _plain_layer(self.fc1):  # the ReLU inside fc1's kernel
             hidden_states = linear(hidden_states, self.fc1.weight, self.fc1.bias, relu=True)
         else:
             hidden_states = self.activation(self.fc1(hidden_states))
