@@ -31,6 +31,36 @@ def test_alternate_runs_contenders_in_alternating_order():
     assert results == {"a": [1.0] * 4, "b": [2.0] * 4}
 
 
+def _scripted(values):
+    """A contender returning the given rates one call after another."""
+    it = iter(values)
+    return lambda: next(it)
+
+
+def test_steady_rounds_are_not_repeated_and_per_round_ratios_pair_each_round():
+    rates = benchmark._measure({"marian": _scripted([100, 96, 104]), "vaswani": _scripted([120, 110, 130])}, 3)
+    assert rates == {"marian": [100, 96, 104], "vaswani": [120, 110, 130]}  # spreads 8 % and 17 %: three rounds
+    c = benchmark.Comparison.of("train quick sdpa unpadded", "tokens/s", rates)
+    assert c.extra["rounds"] == 3
+    assert c.round_ratios.median == pytest.approx(1.2) and c.round_ratios.low == pytest.approx(110 / 96)
+    assert c.round_ratios.high == pytest.approx(1.25)
+    assert c.ratio == pytest.approx(120 / 100)  # the ratio of the medians, as before
+
+
+def test_noisy_rounds_are_measured_again_and_pooled():
+    marian = [100, 60, 100, 100, 101, 99]  # a busy moment in round 2: spread 40 %
+    vaswani = [120, 70, 121, 119, 120, 121]
+    rates = benchmark._measure({"marian": _scripted(marian), "vaswani": _scripted(vaswani)}, 3)
+    assert rates == {"marian": marian, "vaswani": vaswani}  # three more rounds, pooled with the first three
+    c = benchmark.Comparison.of("generate quick sdpa greedy", "tokens/s", rates, identical_outputs=True)
+    assert c.extra == {"rounds": 6, "identical_outputs": True}
+    assert c.marian.median == pytest.approx(100) and c.vaswani.median == pytest.approx(120)
+    # once only: a machine that stays busy gives a row still marked noisy, not an endless benchmark
+    calls = []
+    busy = benchmark._measure({"a": lambda: calls.append(1) or float(len(calls) % 2 + 1), "b": lambda: 1.0}, 2)
+    assert len(busy["a"]) == 4 and len(calls) == 4
+
+
 def test_activation_memory_grows_quadratically_with_eager_attention_only():
     rows = benchmark.compare_memory("quick", [128, 256, 512])
     assert benchmark.growth_exponent(rows, "eager", "vaswani_mib") > 1.3
@@ -49,6 +79,8 @@ def test_quick_run_end_to_end(tmp_path):
     assert "generate quick sdpa greedy" in names and "train quick eager padded" in names
     assert all(c["identical_outputs"] for c in written["comparisons"] if c["name"].startswith("generate"))
     assert all(c["marian"]["median"] > 0 and c["vaswani"]["median"] > 0 for c in written["comparisons"])
+    for c in written["comparisons"]:  # one round (--quick): the per-round ratio is the ratio itself
+        assert c["rounds"] == 1 and c["round_ratio"]["median"] == pytest.approx(c["ratio"])
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| measurement |" in (tmp_path / "results.md").read_text()
     machine = written["machine"]  # the peak is measured at the start and the end; the higher one counts
@@ -92,8 +124,8 @@ def test_rows_whose_rounds_disagree_are_marked_noisy(tmp_path):
                            for a in ("eager", "sdpa") for n in (8, 16)])
     benchmark.write_outputs(results, tmp_path)
     table = (tmp_path / "results.md").read_text().splitlines()
-    assert table[0].endswith("| spread |")
-    assert table[2].endswith("| 10% |") and "noisy" not in table[2]
+    assert table[0].endswith("| per round: median [min-max] of rounds | spread |")
+    assert table[2].endswith("| - | 10% |") and "noisy" not in table[2]  # rows written without per-round ratios
     assert table[3].endswith("| 60% (noisy: rerun) |")
 
 
