@@ -254,21 +254,25 @@ class VaswaniAttention(nn.Module):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
     def _fused_projection(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-        """Several projections of the same input as one GEMM. The parameters stay separate (checkpoints, the Marian
-        converter). While training, `_FusedLinear` concatenates them per call and saves no copy for backward;
-        otherwise the concatenation is cached, keyed by the parameters' version counters, which every in-place
+        """`_fused_output` split into the projections' outputs (views)."""
+        return self._fused_output(x, projections).chunk(len(projections), dim=-1)
+
+    def _fused_output(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> torch.Tensor:
+        """Several projections of the same input as one GEMM, side by side in its output (..., sum of their sizes).
+        The parameters stay separate (checkpoints, the Marian converter). While training, `_FusedLinear`
+        concatenates them per call and saves no copy for backward; otherwise the concatenation is cached, keyed by the parameters' version counters, which every in-place
         update bumps."""
         weights = [p.weight for p in projections]
         biases = [p.bias for p in projections]
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-            return _FusedLinear.apply(x, *weights, *biases).chunk(len(projections), dim=-1)
+            return _FusedLinear.apply(x, *weights, *biases)
         key = tuple((t.data_ptr(), t._version) for t in (*weights, *biases))
         cached = self._fused_cache.get(len(projections))
         if cached is None or cached[0] != key:
             with torch.no_grad():
                 cached = (key, torch.cat(weights), torch.cat(biases))
             self._fused_cache[len(projections)] = cached
-        return linear(x, cached[1], cached[2]).chunk(len(projections), dim=-1)
+        return linear(x, cached[1], cached[2])
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -290,11 +294,9 @@ class VaswaniAttention(nn.Module):
             layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
         unpack = packing.unpack if packing is not None else (lambda x: x)
 
-        if not is_cross:
-            query, key, value = (
-                self._split_heads(unpack(x))
-                for x in self._fused_projection(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
-            )
+        if not is_cross:  # one unpacking of the three projections side by side
+            projected = unpack(self._fused_output(hidden_states, (self.q_proj, self.k_proj, self.v_proj)))
+            query, key, value = map(self._split_heads, projected.chunk(3, dim=-1))
         else:
             query = self._split_heads(unpack(self.q_proj(hidden_states)))
         if is_cross and cache is not None and cache.is_updated.get(self.layer_idx):
@@ -334,10 +336,10 @@ class VaswaniAttention(nn.Module):
     def _source_projection(self, states: torch.Tensor, source_packing: Packing | None) -> tuple[torch.Tensor, ...]:
         """Cross-attention keys and values of the encoder output (B, S, d), projected for its real tokens only when
         `source_packing` is given (zeros at the padding, which the mask hides)."""
+        projections = (self.k_proj, self.v_proj)
         if source_packing is None:
-            return self._fused_projection(states, (self.k_proj, self.v_proj))
-        packed = self._fused_projection(source_packing.pack(states), (self.k_proj, self.v_proj))
-        return tuple(source_packing.unpack(x) for x in packed)
+            return self._fused_projection(states, projections)
+        return source_packing.unpack(self._fused_output(source_packing.pack(states), projections)).chunk(2, dim=-1)
 
 
 class VaswaniFeedForward(nn.Module):

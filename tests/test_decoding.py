@@ -292,9 +292,9 @@ def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
     source_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
     kwargs = {"encoder_outputs": mock.Mock(last_hidden_state=expanded),
               "attention_mask": source_mask.repeat_interleave(4, 0)}
-    projected = mock.Mock(wraps=layer.encoder_attn._fused_projection)
+    projected = mock.Mock(wraps=layer.encoder_attn._fused_output)
     heads = layer.encoder_attn.num_heads
-    with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
+    with mock.patch.object(layer.encoder_attn, "_fused_output", projected):
         grouped = decoding_vaswani._start(model, generation_config, kwargs, group=4)
     assert projected.call_args.args[0].shape[0] == source_mask.sum()  # the sources' real tokens only
     assert grouped.layers[1].group == 4
@@ -310,7 +310,7 @@ def test_beam_cross_attention_is_projected_once_per_source(tiny_config):
         torch.testing.assert_close(per_row(getattr(grouped.layers[1], name), 3),
                                    per_row(getattr(plain.layers[1], name), 12)[::4], rtol=1e-12, atol=1e-12)
     shuffled = {**kwargs, "encoder_outputs": mock.Mock(last_hidden_state=expanded.flip(0).roll(1, 0))}
-    with mock.patch.object(layer.encoder_attn, "_fused_projection", projected):
+    with mock.patch.object(layer.encoder_attn, "_fused_output", projected):
         decoding_vaswani._start(model, generation_config, shuffled, group=4)
     assert projected.call_args.args[0].shape[0] == 4 * source_mask.sum()  # not repeats: every row's real tokens
 

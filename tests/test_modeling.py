@@ -178,8 +178,8 @@ def test_cross_attention_keys_computed_once_per_generate(tiny_config):
     model = make_model(tiny_config)
     calls = []
     cross = model.model.decoder.layers[0].encoder_attn
-    project = cross._fused_projection
-    cross._fused_projection = lambda x, projections: calls.append(x.shape) or project(x, projections)
+    project = cross._fused_output
+    cross._fused_output = lambda x, projections: calls.append(x.shape) or project(x, projections)
     batch = padded_batch(5)
     model.generate(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5, min_new_tokens=5
@@ -603,8 +603,8 @@ def test_training_gradients_with_fused_projections_equal_separate_ones(tiny_conf
         model(**batch).loss.backward()
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    separate_path = mock.patch.object(VaswaniAttention, "_fused_projection",
-                                      lambda self, x, projections: tuple(p(x) for p in projections))
+    separate_path = mock.patch.object(VaswaniAttention, "_fused_output",
+                                      lambda self, x, projections: torch.cat([p(x) for p in projections], -1))
     fused = gradients()
     with separate_path:
         separate = gradients()
