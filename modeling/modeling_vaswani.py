@@ -29,6 +29,8 @@ from .kernels_vaswani import (
     Linear,
     Packing,
     cross_entropy,
+    headwise_applies,
+    headwise_attention,
     keep_fully_padded_rows_finite,
     input_gradient,
     linear,
@@ -143,15 +145,22 @@ def eager_attention_forward(
     """q (B, H, Tq, D), k/v (B, H, Tk, D); the mask additive (float) or as SDPA takes it (bool, True = attend),
     broadcast to (B, H, Tq, Tk), or None: causal when the module is and there is more than one query -> out
     (B, Tq, H, D), weights (B, H, Tq, Tk). The softmax runs in float32 for half-precision inputs. A row that may attend
-    to nothing gets uniform weights (finite), not NaN."""
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # in place: the product's backward needs no output
+    to nothing gets uniform weights (finite), not NaN. Without a graph, on CPU, views of the projections' output run
+    head by head (`headwise_attention`: no copies into head-major memory)."""
     if attention_mask is None and module.is_causal and query.shape[2] > 1:
         # No mask was built (nothing padded): the causal structure must still hold. Added as floats (0 or the
         # minimum): torch's elementwise kernels are far slower with a bool mask operand.
         future = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         future = future.triu(key.shape[2] - query.shape[2] + 1)
-        attention_mask = torch.zeros(future.shape, dtype=scores.dtype, device=scores.device)
-        attention_mask.masked_fill_(future, torch.finfo(scores.dtype).min)
+        attention_mask = torch.zeros(future.shape, dtype=query.dtype, device=query.device)
+        attention_mask.masked_fill_(future, torch.finfo(query.dtype).min)
+    if not (module.training and dropout) and headwise_applies(query, key, value):
+        mask = attention_mask
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(query.dtype).min)
+        return headwise_attention(query, key, value, None if mask is None else mask.to(query.dtype), scaling)
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # in place: the product's backward needs no output
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         scores = scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
     elif attention_mask is not None:

@@ -164,6 +164,60 @@ def test_sdpa_by_matmuls_equals_sdpa_in_float64_with_gradients(case):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("case", ["none", "causal", "causal_offset", "bool", "float", "fully_masked"])
+def test_headwise_attention_on_projection_views_equals_sdpa_in_float64(case):
+    """Without a graph, views of a fused projection's output (heads side by side) run head by head; the result,
+    weights included, is SDPA's / the softmax's."""
+    from unittest import mock
+
+    import vaswani.modeling_vaswani as modeling
+
+    g = torch.Generator().manual_seed(5)
+    queries, keys = (4, 6) if case == "causal_offset" else (6, 6)
+    projected = torch.randn(3, keys, 3, 2, 8, generator=g, dtype=torch.float64)  # (B, T, q|k|v, H, D)
+    q, k, v = (x.transpose(1, 2) for x in projected.unbind(2))
+    q = q[:, :, keys - queries:]
+    mask, sdpa_kwargs = None, {}
+    if case == "causal":
+        sdpa_kwargs = dict(is_causal=True)
+    elif case == "causal_offset":
+        sdpa_kwargs = dict(attn_mask=torch.ones(4, 6, dtype=torch.bool).tril(2))
+    elif case in ("bool", "fully_masked"):
+        mask = torch.rand(3, 1, queries, keys, generator=g) > 0.4
+        mask[..., 0] = True
+        reference = mask.clone()
+        if case == "fully_masked":  # sequence 1 may attend to nothing: uniform weights over all its keys (below)
+            mask[1] = False
+        sdpa_kwargs = dict(attn_mask=reference)
+    elif case == "float":
+        mask = torch.randn(3, 1, queries, keys, generator=g, dtype=torch.float64)
+        sdpa_kwargs = dict(attn_mask=mask)
+    spy = mock.Mock(wraps=modeling.headwise_attention)
+    with torch.no_grad(), mock.patch.object(modeling, "headwise_attention", spy):
+        out, weights = modeling.eager_attention_forward(_Module(case.startswith("causal")), q, k, v, mask, scaling=0.3)
+    assert spy.call_count == 1
+    expected = F.scaled_dot_product_attention(q, k, v, scale=0.3, **sdpa_kwargs)
+    if case == "fully_masked":
+        expected[1] = v[1].mean(-2, keepdim=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=1e-12, atol=1e-12)
+    scores = q @ k.transpose(-1, -2) * 0.3
+    if case == "float":
+        scores = scores + mask
+    elif "attn_mask" in sdpa_kwargs:
+        scores = scores.masked_fill(~sdpa_kwargs["attn_mask"], float("-inf"))
+    elif case == "causal":
+        scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    if case == "fully_masked":
+        scores[1] = 0
+    torch.testing.assert_close(weights, scores.softmax(-1), rtol=1e-12, atol=1e-12)
+    # with a graph, or with contiguous keys and values (a cache's), the batched matmuls run
+    with mock.patch.object(modeling, "headwise_attention", spy):
+        modeling.eager_attention_forward(_Module(False), q.requires_grad_(), k, v, None, scaling=0.3)
+        with torch.no_grad():
+            modeling.eager_attention_forward(_Module(False), q, k.contiguous(), v.contiguous(), None, scaling=0.3)
+    assert spy.call_count == 1
+
+
 def test_sdpa_by_matmuls_keeps_a_fully_masked_row_finite():
     q, k, v = _attention_inputs(dtype=torch.float32)
     mask = torch.ones(3, 1, 5, 6, dtype=torch.bool)
