@@ -269,8 +269,8 @@ class VaswaniAttention(nn.Module):
     def _fused_output(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> torch.Tensor:
         """Several projections of the same input as one GEMM, side by side in its output (..., sum of their sizes).
         The parameters stay separate (checkpoints, the Marian converter). While training, `_FusedLinear`
-        concatenates them per call and saves no copy for backward; otherwise the concatenation is cached, keyed by the parameters' version counters, which every in-place
-        update bumps."""
+        concatenates them per call and saves no copy for backward; otherwise the concatenation is cached, keyed by
+        the parameters' version counters, which every in-place update bumps."""
         weights = [p.weight for p in projections]
         biases = [p.bias for p in projections]
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):

@@ -299,15 +299,16 @@ def test_packing_round_trip_and_when_it_applies():
         del dirty
         again = real.unpack(packed)
         assert torch.equal(again[mask.bool()], packed) and (again[~mask.bool()] == 0).all()
-    big = kernels.packing(torch.ones(64, 64).tril())  # (4096, 8): rows of padding in every sequence but the last
+    lengths = torch.ones(64, 64).tril().bool()  # (4096, 8): padding in every sequence but the last
+    big = kernels.packing(lengths)
     dirty = torch.full((4096, 8), float("nan"))
     del dirty
-    values = torch.randn(int(torch.ones(64, 64).tril().sum()), 8, requires_grad=True)
+    values = torch.randn(int(lengths.sum()), 8, requires_grad=True)
     out = big.unpack(values)
-    assert torch.equal(out[torch.ones(64, 64).tril().bool()], values) and (out[~torch.ones(64, 64).tril().bool()] == 0).all()
+    assert torch.equal(out[lengths], values) and (out[~lengths] == 0).all()
     weights = torch.randn(out.shape)
     (out * weights).sum().backward()  # the real tokens get their gradient, in order
-    assert torch.equal(values.grad, weights[torch.ones(64, 64).tril().bool()])
+    assert torch.equal(values.grad, weights[lengths])
     assert kernels.packing(torch.ones(2, 3)) is None  # nothing padded
     assert kernels.packing(None) is None and kernels.packing(torch.ones(2, 1, 3, 3)) is None  # no 2D mask
 
