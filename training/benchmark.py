@@ -83,7 +83,7 @@ class Comparison:
     unit: str
     marian: Stat
     vaswani: Stat
-    round_ratios: Stat | None = None  # vaswani / Marian within each round
+    round_ratios: Stat  # vaswani / Marian within each round
     extra: dict = field(default_factory=dict)
 
     @classmethod
