@@ -74,9 +74,10 @@ def lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, stre
 
 class _LeanLayer:
     """One decoder layer prepared for one `generate` call: its weights frozen for repeated use (`FrozenLinear`:
-    packed for oneDNN where it applies; the self-attention's q/k/v as one projection), its self-attention
-    keys/values in (rows, H, capacity, D) buffers filled position by position and doubled when full, and its
-    cross-attention keys/values projected once from the encoder output as (sources * H, S, D).
+    packed for oneDNN where it applies; the self-attention's q/k/v as one projection whose output features run head
+    by head, (H, 3, D), so that each of q, k and v is a (rows * H, D) view with no copy), its self-attention keys
+    and values in one (rows, H, 2, capacity, D) buffer filled position by position (one copy a step) and doubled when
+    full, and its cross-attention keys/values projected once from the encoder output as (sources * H, S, D).
 
     `group` > 1 (beam search): rows come in groups of `group` beams of one source, and `sources` holds each source
     once; the cross-attention keys/values are projected for the sources only and stay that way: a source's beams
@@ -92,17 +93,16 @@ class _LeanLayer:
         # A power-of-two scale (head size 4, 16, 64, 256) goes into the query projection: exact, one kernel less.
         query_scale = self.scaling if math.frexp(self.scaling)[0] == 0.5 else 1.0
         self.scaling /= query_scale
-        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale)
+        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale,
+                           heads=self.heads)
         self.self_out = _frozen(rows, attention.o_proj)
         self.cross_query = _frozen(rows, cross.q_proj, query_scale=query_scale)
         self.cross_out = _frozen(rows, cross.o_proj)
         relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
         self.fc1, self.fc2 = _frozen(rows, ffn.fc1, relu=relu), _frozen(rows, ffn.fc2)
-        self.activation = (lambda x: x) if relu else ffn.activation
+        self.activation = None if relu else ffn.activation
         self.attend = _attention_for(sources)
-        shape = (rows, self.heads, capacity, self.head_dim)
-        self.keys = sources.new_empty(shape)
-        self.values = sources.new_empty(shape)
+        self.cache = sources.new_empty(rows, self.heads, 2, capacity, self.head_dim)  # keys, values
         n, length = sources.shape[:2]
         keys, values = cross._source_projection(sources, source_packing)  # the real source tokens only
         self.cross_keys, self.cross_values = (
@@ -111,68 +111,73 @@ class _LeanLayer:
         )
         self.group = rows // n
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new position's keys/values (rows, H, D); return those of positions 0..position as
-        (rows * H, position + 1, D) views (no copy)."""
-        if position == self.keys.shape[2]:
-            self.keys = torch.cat([self.keys, torch.empty_like(self.keys)], dim=2)
-            self.values = torch.cat([self.values, torch.empty_like(self.values)], dim=2)
-        self.keys[:, :, position] = keys
-        self.values[:, :, position] = values
-        return (cache[:, :, : position + 1].flatten(0, 1) for cache in (self.keys, self.values))
+    def append(self, keys_and_values: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new position's keys and values (rows, H, 2, D) (any strides); return the keys and the values of
+        positions 0..position as (rows * H, position + 1, D) views (no copy)."""
+        if position == self.cache.shape[3]:
+            self.cache = torch.cat([self.cache, torch.empty_like(self.cache)], dim=3)
+        self.cache.select(3, position).copy_(keys_and_values)
+        return self.cache[:, :, :, : position + 1].flatten(0, 1).unbind(1)
 
     def reorder(self, rows: torch.Tensor, sources: torch.Tensor, length: int) -> None:
         """Beam search: positions 0..length-1 of rows[i] become those of row sources[i] (read before any is written).
         Only the rows whose beam changed are given: most beams keep their own history from one step to the next.
         The cross-attention keys/values stay: beams never move across sentences, and a sentence's beams share them."""
-        for cache in (self.keys, self.values):
-            filled = cache[:, :, :length]
-            filled.index_copy_(0, rows, filled.index_select(0, sources))
+        filled = self.cache[:, :, :, :length]
+        filled.index_copy_(0, rows, filled.index_select(0, sources))
 
     def step(self, hidden: torch.Tensor, position: int, cross_mask: torch.Tensor | None) -> torch.Tensor:
         """The layer on the newest position of every row, hidden (rows, d_model): what `VaswaniDecoderLayer.forward`
-        computes for it with a cache in eval mode."""
+        computes for it with a cache in eval mode (`_residual` in eval mode: the norm before each sub-layer, or after
+        its residual addition), with the residual additions fused into the sub-layers' output projections."""
         self_norm, cross_norm, ffn_norm = self.norms
-        hidden = self._sublayer(hidden, self_norm, lambda x: self._self_attention(x, position), self.self_out)
-        hidden = self._sublayer(hidden, cross_norm, lambda x: self._cross_attention(x, cross_mask), self.cross_out)
-        return self._sublayer(hidden, ffn_norm, lambda x: self.activation(self.fc1(x)), self.fc2)
-
-    def _sublayer(self, hidden, norm, branch, projection: FrozenLinear) -> torch.Tensor:
-        """`_residual` in eval mode (the norm before the sub-layer, or after its residual addition), with the
-        addition fused into the sub-layer's output projection."""
         if self.normalize_before:
-            return projection.plus(branch(norm(hidden)), hidden)
-        return norm(projection.plus(branch(hidden), hidden))
+            hidden = self.self_out.plus(self._self_attention(self_norm(hidden), position), hidden)
+            hidden = self.cross_out.plus(self._cross_attention(cross_norm(hidden), cross_mask), hidden)
+            return self.fc2.plus(self._inner(ffn_norm(hidden)), hidden)
+        hidden = self_norm(self.self_out.plus(self._self_attention(hidden, position), hidden))
+        hidden = cross_norm(self.cross_out.plus(self._cross_attention(hidden, cross_mask), hidden))
+        return ffn_norm(self.fc2.plus(self._inner(hidden), hidden))
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward's hidden activations (a ReLU rides in fc1's kernel)."""
+        inner = self.fc1(x)
+        return inner if self.activation is None else self.activation(inner)
 
     def _self_attention(self, x: torch.Tensor, position: int) -> torch.Tensor:
         rows, heads, size = x.shape[0], self.heads, self.head_dim
-        query, keys, values = self.qkv(x).view(rows, 3, heads, size).unbind(1)
-        keys, values = self.append(keys, values, position)
-        out = self.attend(query.reshape(rows * heads, 1, size), keys, values, None, self.scaling)  # sees all: no mask
-        return out.view(rows, -1)
+        qkv = self.qkv(x).view(rows, heads, 3, size)
+        keys, values = self.append(qkv[:, :, 1:], position)
+        query = qkv.view(rows * heads, 3, size)[:, :1]  # (rows * H, 1, D), a view
+        return self.attend(query, keys, values, None, self.scaling).view(rows, -1)  # sees all: no mask
 
     def _cross_attention(self, x: torch.Tensor, cross_mask: torch.Tensor | None) -> torch.Tensor:
-        # (rows, d_model) -> (sources * H, group, D): the beams of a source are the queries of one attention row
         rows, heads, size, group = x.shape[0], self.heads, self.head_dim, self.group
+        if group == 1:
+            query = self.cross_query(x).view(rows * heads, 1, size)
+            return self.attend(query, self.cross_keys, self.cross_values, cross_mask, self.scaling).view(rows, -1)
+        # (rows, d_model) -> (sources * H, group, D): the beams of a source are the queries of one attention row
         query = self.cross_query(x).view(-1, group, heads, size).transpose(1, 2).reshape(-1, group, size)
         out = self.attend(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
         return out.view(-1, heads, group, size).transpose(1, 2).reshape(rows, -1)
 
 
 def _layer_norm(norm: torch.nn.LayerNorm):
-    """`norm`'s forward without the module call."""
-    return functools.partial(F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, bias=norm.bias,
-                             eps=norm.eps)
+    """`norm`'s forward without the module call (`F.layer_norm`'s own kernel, called directly)."""
+    return functools.partial(torch.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight,
+                             bias=norm.bias, eps=norm.eps)
 
 
-def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.0) -> FrozenLinear:
+def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0) -> FrozenLinear:
     """`projections` (nn.Linear modules of one input) as one frozen linear layer for inputs of about `rows` rows, the
-    first one's outputs multiplied by `query_scale` (a power of two: exact). Kept on the first module between
-    `generate` calls and rebuilt when a parameter changes (an in-place update bumps its version counter) or the number
-    of rows does: a second copy of the decoder's weights, in oneDNN's layout."""
+    first one's outputs multiplied by `query_scale` (a power of two: exact). `heads` > 0: the output features run
+    head by head, (heads, len(projections), D), instead of projection by projection (a permutation of the weight's
+    rows: every output is the same dot product). Kept on the first module between `generate` calls and rebuilt when a
+    parameter changes (an in-place update bumps its version counter) or the number of rows does: a second copy of the
+    decoder's weights, in oneDNN's layout."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
     onednn = onednn_applies(parameters[0], parameters[0])  # part of the key: `ONEDNN_LINEAR` may change
-    key = (rows, relu, query_scale, onednn, *((p.data_ptr(), p._version) for p in parameters))
+    key = (rows, relu, query_scale, heads, onednn, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():
@@ -182,7 +187,10 @@ def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.
             weight, bias = weights[0], biases[0]
             if len(projections) > 1:
                 weight, bias = torch.cat(weights), torch.cat(biases)
-            cached = (key, FrozenLinear(weight, bias, rows, relu=relu))
+            if heads:
+                weight = weight.view(len(projections), heads, -1, weight.shape[-1]).transpose(0, 1).reshape_as(weight)
+                bias = bias.view(len(projections), heads, -1).transpose(0, 1).reshape_as(bias)
+            cached = (key, FrozenLinear(weight.contiguous(), bias, rows, relu=relu))
         projections[0].__dict__["_frozen_linear"] = cached  # a plain attribute: never saved, loaded or moved
     return cached[1]
 
@@ -226,20 +234,22 @@ class _LeanDecoder:
         self.layers = [_LeanLayer(layer, sources, rows, capacity, source_packing) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
         self.lm_head = _frozen(rows, model.lm_head)
-        self.logits_bias = model.final_logits_bias
+        bias = model.final_logits_bias
+        self.logits_bias = None if bias is None else bias.to(model.lm_head.weight.dtype)
         heads = decoder.layers[0].encoder_attn.num_heads if decoder.layers else 1
         self.cross_mask = _cross_attention_mask(source_mask, heads, sources.dtype)
 
     def next_token_logits(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
-        """The decoder and the LM head (with the logits bias) on the newest tokens (B, 1) at `position`: (B, vocab)."""
+        """The decoder and the LM head (with the logits bias) on the newest tokens (B, 1) at `position`: (B, vocab),
+        a new tensor nothing else refers to (the additions are in place on the fresh results: the same roundings)."""
         hidden = self.embed_tokens(tokens[:, 0]) * self.embed_scale
-        hidden = hidden + self.positions.range(position, 1, hidden.dtype, hidden.device)
+        hidden.add_(self.positions.range(position, 1, hidden.dtype, hidden.device))
         for layer in self.layers:
             hidden = layer.step(hidden, position, self.cross_mask)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         logits = self.lm_head(hidden)
-        return logits if self.logits_bias is None else logits + self.logits_bias.to(logits.dtype)
+        return logits if self.logits_bias is None else logits.add_(self.logits_bias)
 
 
 def _repeats(x: torch.Tensor, group: int) -> bool:
@@ -290,21 +300,21 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
-    unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     tokens = input_ids[:, -1:]
     while True:
-        logits = decoder.next_token_logits(tokens, input_ids.shape[1] - 1)
-        next_token_scores = logits_processor(input_ids, logits.to(copy=True, dtype=torch.float32))
+        logits = decoder.next_token_logits(tokens, input_ids.shape[1] - 1)  # a fresh tensor: no copy needed first
+        next_token_scores = logits_processor(input_ids, logits.float())
         if generation_config.do_sample:
             probs = F.softmax(next_token_scores, dim=-1)
             next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
         else:
             next_tokens = torch.argmax(next_token_scores, dim=-1)
-        if has_eos_stopping_criteria:
-            next_tokens = next_tokens * unfinished_sequences + pad_token_id * (1 - unfinished_sequences)
+        if has_eos_stopping_criteria:  # finished rows get padding
+            next_tokens = torch.where(unfinished_sequences, next_tokens, pad_token_id)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
-        if unfinished_sequences.max() == 0:
+        if not unfinished_sequences.any():
             return input_ids
         tokens = next_tokens[:, None]
 

@@ -141,8 +141,9 @@ def test_buffers_grow_past_their_capacity(tiny_config):
     buffers = _LeanLayer(layer, encoder_states, rows=2, capacity=2)
     written = [torch.randn(2, 4, 4) for _ in range(5)]  # (rows, H, D) per position
     for position, keys in enumerate(written):
-        seen_keys, seen_values = buffers.append(keys, -keys, position)
-    assert buffers.keys.shape[2] == 8
+        new = torch.stack([keys, -keys], dim=2)  # (rows, H, 2, D): keys and values
+        seen_keys, seen_values = buffers.append(new.transpose(0, 1).contiguous().transpose(0, 1), position)
+    assert buffers.cache.shape[3] == 8
     expected = torch.stack(written, dim=2).flatten(0, 1)  # (rows * H, positions, D)
     assert torch.equal(seen_keys, expected) and torch.equal(seen_values, -expected)
 
