@@ -404,3 +404,25 @@ def test_the_lean_loops_call_logits_processors_as_transformers_does(tiny_config,
     with pytest.raises(ValueError, match="required parameters"):
         model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3,
                        logits_processor=LogitsProcessorList([_NeedsKeywords()]), **beams)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_head_by_head_qkv_projection_is_the_three_projections(tiny_config, dtype):
+    """The lean step's q/k/v projection runs with each head's q, k and v side by side, (rows, H, 3, D), the queries
+    scaled by a power of two: each of its outputs is the plain projection's, at the same place once the heads are
+    regrouped (the lean step reads the query, keys and values as views of it)."""
+    model = make_model(tiny_config, seed=12).to(dtype)
+    attention = model.model.decoder.layers[0].self_attn
+    heads, size = attention.num_heads, attention.head_dim
+    with torch.no_grad():  # initialised to zero: a misplaced bias would go unseen
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            projection.bias.normal_()
+    x = torch.randn(6, tiny_config.d_model, dtype=dtype)
+    frozen = decoding_vaswani._frozen(6, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=0.25,
+                                      heads=heads)
+    with torch.no_grad():
+        fused = frozen(x).view(6, heads, 3, size)
+        plain = [attention.q_proj(x) * 0.25, attention.k_proj(x), attention.v_proj(x)]
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    for index, expected in enumerate(plain):
+        torch.testing.assert_close(fused[:, :, index], expected.view(6, heads, size), **tolerance)
