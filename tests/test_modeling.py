@@ -22,9 +22,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def make_model(config: VaswaniConfig, attn="sdpa", seed=0) -> VaswaniForConditionalGeneration:
+    """A tiny model whose biases and layer-norm weights are random too: initialisation zeroes the biases and sets
+    the norms to one, which would hide every misplaced bias or norm parameter from the tests that use it."""
     torch.manual_seed(seed)
     config._attn_implementation = attn
-    return VaswaniForConditionalGeneration(config).eval()
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2)
+            elif "norm" in name and name.endswith(".weight"):
+                parameter.normal_(1.0, 0.2)
+    return model
 
 
 def padded_batch(seed=0, batch=4, src_len=9, tgt_len=7):
