@@ -32,6 +32,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from .kernels_vaswani import (
     FrozenLinear,
     Packing,
+    additive_mask,
     keep_fully_padded_rows_finite,
     onednn_applies,
     packing,
@@ -219,8 +220,7 @@ def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype
     keep = keep_fully_padded_rows_finite(attention_mask).bool()
     if bool(keep.all()):
         return None
-    additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
-    return additive.repeat_interleave(heads, 0)[:, None, :]
+    return additive_mask(~keep, dtype).repeat_interleave(heads, 0)[:, None, :]
 
 
 class _LeanDecoder:

@@ -355,6 +355,12 @@ class Packing(NamedTuple):
         return padded.index_copy_(0, self.rows, x).view(self.batch, self.length, *x.shape[1:])
 
 
+def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = not attended) as the additive one attention adds to its scores: 0 where attended, the
+    dtype's minimum elsewhere (torch's elementwise kernels are far slower with a bool operand)."""
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)
+
+
 def keep_fully_padded_rows_finite(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """A row that is all padding would attend to nothing (NaN in some backends): let it attend to every position.
     Its outputs are never used; the other rows are untouched."""

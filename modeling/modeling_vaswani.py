@@ -28,6 +28,7 @@ from .decoding_vaswani import lean_beam_blocker, lean_beam_search, lean_decoding
 from .kernels_vaswani import (
     Linear,
     Packing,
+    additive_mask,
     cross_entropy,
     headwise_applies,
     headwise_attention,
@@ -151,15 +152,12 @@ def eager_attention_forward(
         # No mask was built (nothing padded): the causal structure must still hold. Added as floats (0 or the
         # minimum): torch's elementwise kernels are far slower with a bool mask operand.
         future = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
-        future = future.triu(key.shape[2] - query.shape[2] + 1)
-        attention_mask = torch.zeros(future.shape, dtype=query.dtype, device=query.device)
-        attention_mask.masked_fill_(future, torch.finfo(query.dtype).min)
+        attention_mask = additive_mask(future.triu(key.shape[2] - query.shape[2] + 1), query.dtype)
     if not (module.training and dropout) and headwise_applies(query, key, value):
         mask = attention_mask
-        if mask is not None and mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
-                ~mask, torch.finfo(query.dtype).min)
-        return headwise_attention(query, key, value, None if mask is None else mask.to(query.dtype), scaling)
+        if mask is not None:
+            mask = additive_mask(~mask, query.dtype) if mask.dtype == torch.bool else mask.to(query.dtype)
+        return headwise_attention(query, key, value, mask, scaling)
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # in place: the product's backward needs no output
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         scores = scores.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
@@ -262,10 +260,6 @@ class VaswaniAttention(nn.Module):
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
-    def _fused_projection(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-        """`_fused_output` split into the projections' outputs (views)."""
-        return self._fused_output(x, projections).chunk(len(projections), dim=-1)
-
     def _fused_output(self, x: torch.Tensor, projections: tuple[nn.Linear, ...]) -> torch.Tensor:
         """Several projections of the same input as one GEMM, side by side in its output (..., sum of their sizes).
         The parameters stay separate (checkpoints, the Marian converter). While training, `_FusedLinear`
@@ -345,10 +339,10 @@ class VaswaniAttention(nn.Module):
     def _source_projection(self, states: torch.Tensor, source_packing: Packing | None) -> tuple[torch.Tensor, ...]:
         """Cross-attention keys and values of the encoder output (B, S, d), projected for its real tokens only when
         `source_packing` is given (zeros at the padding, which the mask hides)."""
-        projections = (self.k_proj, self.v_proj)
         if source_packing is None:
-            return self._fused_projection(states, projections)
-        return source_packing.unpack(self._fused_output(source_packing.pack(states), projections)).chunk(2, dim=-1)
+            return self._fused_output(states, (self.k_proj, self.v_proj)).chunk(2, dim=-1)
+        packed = self._fused_output(source_packing.pack(states), (self.k_proj, self.v_proj))
+        return source_packing.unpack(packed).chunk(2, dim=-1)
 
 
 class VaswaniFeedForward(nn.Module):

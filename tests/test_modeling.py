@@ -571,17 +571,17 @@ def test_fused_projection_equals_separate_projections_and_follows_updates(tiny_c
     model = make_model(tiny_config)
     attention = model.model.encoder.layers[0].self_attn
     x = torch.randn(2, 5, 16)
-    separate = lambda: [p(x) for p in (attention.q_proj, attention.k_proj, attention.v_proj)]  # noqa: E731
+    qkv = (attention.q_proj, attention.k_proj, attention.v_proj)
+    separate = lambda: [p(x) for p in qkv]  # noqa: E731
+    fused = lambda projections: attention._fused_output(x, projections).chunk(len(projections), -1)  # noqa: E731
     with torch.no_grad():
-        for got, expected in zip(attention._fused_projection(x, (attention.q_proj, attention.k_proj,
-                                                                 attention.v_proj)), separate()):
+        for got, expected in zip(fused(qkv), separate()):
             assert torch.allclose(got, expected, atol=1e-6)
         attention.k_proj.weight.add_(1.0)  # an in-place update, as an optimizer makes: the cached fusion must follow
-        fused = attention._fused_projection(x, (attention.q_proj, attention.k_proj, attention.v_proj))
-        assert torch.allclose(fused[1], separate()[1], atol=1e-5)
+        assert torch.allclose(fused(qkv)[1], separate()[1], atol=1e-5)
     # while training, gradients reach the separate parameters
     model.train()
-    sum(t.sum() for t in attention._fused_projection(x, (attention.q_proj, attention.k_proj))).backward()
+    sum(t.sum() for t in fused((attention.q_proj, attention.k_proj))).backward()
     assert attention.q_proj.weight.grad is not None and attention.k_proj.weight.grad is not None
 
 

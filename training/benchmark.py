@@ -64,15 +64,19 @@ class Stat:
 NOISY_SPREAD = 0.2  # (max - min) / median of either contender above this: the machine was busy; rerun that row
 
 
+def _relative_range(stat: dict) -> float:
+    """(max - min) / median of a `Stat` as a dict."""
+    return (stat["high"] - stat["low"]) / stat["median"]
+
+
 def spread(comparison: dict) -> float:
     """The wider of the two contenders' (max - min) / median: how far a row's ratio can be trusted."""
-    return max((comparison[who]["high"] - comparison[who]["low"]) / comparison[who]["median"]
-               for who in ("marian", "vaswani"))
+    return max(_relative_range(comparison[who]) for who in ("marian", "vaswani"))
 
 
 def _spread_of(rates: dict[str, list[float]]) -> float:
     """`spread` of raw measurements (any contenders' names)."""
-    return max((max(values) - min(values)) / statistics.median(values) for values in rates.values())
+    return max(_relative_range(Stat.of(values).__dict__) for values in rates.values())
 
 
 @dataclass
