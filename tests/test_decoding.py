@@ -10,6 +10,8 @@ from transformers import (
     EncoderDecoderCache,
     LogitsProcessor,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
 )
@@ -426,3 +428,45 @@ def test_head_by_head_qkv_projection_is_the_three_projections(tiny_config, dtype
     tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     for index, expected in enumerate(plain):
         torch.testing.assert_close(fused[:, :, index], expected.view(6, heads, size), **tolerance)
+
+
+@pytest.mark.parametrize("kind", ["min_length", "min_new_tokens"])
+def test_min_length_in_place_gives_transformers_scores(kind):
+    """The in-place min-length processors against transformers' own, below, at and past the minimum, with EOS ids
+    outside the vocabulary (which transformers' isin ignores): the same scores, written into the input."""
+    eos = [3, 7, -1, 50]
+    if kind == "min_length":
+        processor = MinLengthLogitsProcessor(5, eos)
+    else:
+        processor = MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=2, min_new_tokens=3, eos_token_id=eos)
+    fast = decoding_vaswani._MinLengthInPlace(processor)
+    scores = torch.randn(4, 20)
+    for length in range(1, 8):
+        input_ids = torch.zeros(4, length, dtype=torch.long)
+        expected = processor(input_ids, scores)
+        given = scores.clone()
+        out = fast(input_ids, given)
+        assert out is given and torch.equal(out, expected), length
+        assert bool(torch.isinf(expected[:, [3, 7]]).all()) == (length < 5)
+        assert not torch.isinf(expected[:, [0, 1, 2, 4, 5, 6] + list(range(8, 20))]).any()
+
+
+def test_min_length_in_place_only_where_the_scores_are_fresh():
+    """A min-length processor is done in place only while no processor but transformers' own has seen the scores: a
+    user's processor may keep what it returns (here it does, and what it kept stays as it returned it)."""
+    kept = []
+
+    class Keeps(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            kept.append(scores)
+            return scores
+
+    processors = LogitsProcessorList([MinLengthLogitsProcessor(5, 3), Keeps(), MinNewTokensLengthLogitsProcessor(1, 6, 5)])
+    apply = decoding_vaswani._processors(processors)
+    assert [type(p) for p in apply.processors] == [decoding_vaswani._MinLengthInPlace, Keeps,
+                                                   MinNewTokensLengthLogitsProcessor]
+    scores, input_ids = torch.randn(2, 10), torch.zeros(2, 4, dtype=torch.long)  # both minimums not reached
+    out = apply(input_ids, scores.clone())
+    assert torch.equal(out, processors(input_ids, scores))
+    assert torch.isinf(out[:, [3, 5]]).all()
+    assert torch.isinf(kept[-1][:, 3]).all() and not torch.isinf(kept[-1][:, 5]).any()  # as Keeps returned it
