@@ -102,6 +102,53 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _onednn_linear(x, weight, bias, relu)
 
 
+class _ReLUFeedForward(torch.autograd.Function):
+    """`fc2(relu(fc1(x)))` as one autograd node, on `_OneDNNLinear`'s kernels: the gradient reaching the ReLU is then
+    this node's own buffer, which the ReLU's backward masks in place, where two nodes write a second
+    (tokens, FFN) buffer for it (a fresh one, which page-faults on first touch). The same operations in the same
+    order as the two nodes, so the same gradients bit for bit (tested); saves what they save (the input, the ReLU's
+    output and the weights)."""
+
+    @staticmethod
+    def forward(ctx, x, weight1, bias1, weight2, bias2) -> torch.Tensor:
+        inner = _onednn_linear(x, weight1, bias1, relu=True)
+        ctx.save_for_backward(x, weight1, weight2, inner)
+        ctx.has_bias = (bias1 is not None, bias2 is not None)
+        return _onednn_linear(inner, weight2, bias2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        x, weight1, weight2, inner = ctx.saved_tensors
+        needs_x, needs_weight1, needs_bias1, needs_weight2, needs_bias2 = ctx.needs_input_grad
+        grad_x = grad_weight1 = grad_bias1 = grad_weight2 = grad_bias2 = None
+        flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
+        if needs_x or needs_weight1 or needs_bias1:
+            grad_inner = _onednn_linear(grad_output, weight2.t(), None)
+            torch.ops.aten.threshold_backward.grad_input(grad_inner, inner, 0, grad_input=grad_inner)
+        if needs_weight2:
+            grad_weight2 = flat_grad.t() @ inner.reshape(-1, inner.shape[-1])
+        if needs_bias2 and ctx.has_bias[1]:
+            grad_bias2 = flat_grad.sum(0)
+        if needs_x or needs_weight1 or needs_bias1:
+            flat_inner = grad_inner.reshape(-1, grad_inner.shape[-1])
+            grad_x = _onednn_linear(grad_inner, weight1.t(), None) if needs_x else None
+            grad_weight1 = flat_inner.t() @ x.reshape(-1, x.shape[-1]) if needs_weight1 else None
+            grad_bias1 = flat_inner.sum(0) if needs_bias1 and ctx.has_bias[0] else None
+        return grad_x, grad_weight1, grad_bias1, grad_weight2, grad_bias2
+
+
+def relu_feed_forward(x: torch.Tensor, weight1: torch.Tensor, bias1: torch.Tensor | None, weight2: torch.Tensor,
+                      bias2: torch.Tensor | None) -> torch.Tensor:
+    """`linear(linear(x, weight1, bias1, relu=True), weight2, bias2)`, as one autograd node (`_ReLUFeedForward`)
+    where oneDNN applies and a gradient is wanted."""
+    leaves = (x, weight1, bias1, weight2, bias2)
+    if (onednn_applies(x, weight1) and onednn_applies(x, weight2) and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in leaves)):
+        return _ReLUFeedForward.apply(*leaves)
+    return linear(linear(x, weight1, bias1, relu=True), weight2, bias2)
+
+
 def input_gradient(grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """grad_output @ weight: the input gradient of a linear layer (inside a backward, where no graph is built)."""
     if onednn_applies(grad_output, weight):

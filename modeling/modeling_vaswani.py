@@ -36,6 +36,7 @@ from .kernels_vaswani import (
     input_gradient,
     linear,
     packing,
+    relu_feed_forward,
     short_attention_applies,
     softmax,
 )
@@ -355,6 +356,9 @@ class VaswaniFeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if type(self.activation) is nn.ReLU and _plain_layer(self.fc1):  # the ReLU inside fc1's kernel
+            if _plain_layer(self.fc2) and not (self.training and self.activation_dropout):
+                return relu_feed_forward(hidden_states, self.fc1.weight, self.fc1.bias, self.fc2.weight,
+                                         self.fc2.bias)
             hidden_states = linear(hidden_states, self.fc1.weight, self.fc1.bias, relu=True)
         else:
             hidden_states = self.activation(self.fc1(hidden_states))

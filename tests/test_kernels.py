@@ -11,6 +11,7 @@ from vaswani.kernels_vaswani import (
     FrozenLinear,
     linear,
     onednn_applies,
+    relu_feed_forward,
     short_attention_applies,
     single_query_attention,
 )
@@ -95,6 +96,43 @@ def test_linear_with_relu_matches_float64(path, monkeypatch):
         torch.testing.assert_close(leaf.grad.double(), double.grad, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # no graph: oneDNN's kernel with the ReLU fused, equal to the separate ReLU bit for bit
         assert torch.equal(linear(x, weight, bias, relu=True), linear(x, weight, bias).relu())
+
+
+@needs_onednn
+@pytest.mark.parametrize("wanted", ["all", "weights only", "input only"])
+def test_relu_feed_forward_node_equals_the_two_layers_bit_for_bit(onednn, wanted):
+    """The feed-forward as one autograd node (the ReLU's backward in place on the node's own buffer) against the two
+    oneDNN layers as separate nodes: the same output and gradients bit for bit, also when only some of them are
+    wanted; and against float64 `F.linear`."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 7, 32, generator=g)
+    weight1, bias1 = torch.randn(64, 32, generator=g) / 32**0.5, torch.randn(64, generator=g)
+    weight2, bias2 = torch.randn(32, 64, generator=g) / 8, torch.randn(32, generator=g)
+    grad_output = torch.randn(3, 7, 32, generator=g)
+    wants = {"all": [True] * 5, "weights only": [False, True, True, True, True],
+             "input only": [True, False, False, False, False]}[wanted]
+
+    def run(fn, dtype=torch.float32):
+        leaves = [t.detach().to(dtype).requires_grad_(w) for t, w in zip((x, weight1, bias1, weight2, bias2), wants)]
+        out = fn(*leaves)
+        out.backward(grad_output.to(dtype))
+        return out, [leaf.grad for leaf in leaves]
+
+    out, grads = run(relu_feed_forward)
+    assert type(out.grad_fn).__name__ == "_ReLUFeedForwardBackward"
+    separate, separate_grads = run(lambda x, w1, b1, w2, b2: linear(linear(x, w1, b1, relu=True), w2, b2))
+    assert type(separate.grad_fn).__name__ == "_OneDNNLinearBackward"
+    assert torch.equal(out, separate)
+    expected, expected_grads = run(lambda x, w1, b1, w2, b2: F.linear(F.relu(F.linear(x, w1, b1)), w2, b2),
+                                   torch.float64)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    for grad, separate_grad, expected_grad, want in zip(grads, separate_grads, expected_grads, wants):
+        assert (grad is not None) == want
+        if want:
+            assert torch.equal(grad, separate_grad)
+            torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(relu_feed_forward(x, weight1, bias1, weight2, bias2), separate)
 
 
 def test_linear_takes_the_plain_path_where_onednn_does_not_apply(onednn):
