@@ -121,16 +121,17 @@ class _ReLUFeedForward(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         x, weight1, weight2, inner = ctx.saved_tensors
         needs_x, needs_weight1, needs_bias1, needs_weight2, needs_bias2 = ctx.needs_input_grad
+        needs_inner = needs_x or needs_weight1 or needs_bias1
         grad_x = grad_weight1 = grad_bias1 = grad_weight2 = grad_bias2 = None
         flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        if needs_x or needs_weight1 or needs_bias1:
+        if needs_inner:  # fc2's input gradient, then the ReLU's backward on it in place
             grad_inner = _onednn_linear(grad_output, weight2.t(), None)
             torch.ops.aten.threshold_backward.grad_input(grad_inner, inner, 0, grad_input=grad_inner)
         if needs_weight2:
             grad_weight2 = flat_grad.t() @ inner.reshape(-1, inner.shape[-1])
         if needs_bias2 and ctx.has_bias[1]:
             grad_bias2 = flat_grad.sum(0)
-        if needs_x or needs_weight1 or needs_bias1:
+        if needs_inner:
             flat_inner = grad_inner.reshape(-1, grad_inner.shape[-1])
             grad_x = _onednn_linear(grad_inner, weight1.t(), None) if needs_x else None
             grad_weight1 = flat_inner.t() @ x.reshape(-1, x.shape[-1]) if needs_weight1 else None

@@ -461,7 +461,9 @@ def test_min_length_in_place_only_where_the_scores_are_fresh():
             kept.append(scores)
             return scores
 
-    processors = LogitsProcessorList([MinLengthLogitsProcessor(5, 3), Keeps(), MinNewTokensLengthLogitsProcessor(1, 6, 5)])
+    processors = LogitsProcessorList(
+        [MinLengthLogitsProcessor(5, 3), Keeps(), MinNewTokensLengthLogitsProcessor(1, 6, 5)]
+    )
     apply = decoding_vaswani._processors(processors)
     assert [type(p) for p in apply.processors] == [decoding_vaswani._MinLengthInPlace, Keeps,
                                                    MinNewTokensLengthLogitsProcessor]

@@ -504,3 +504,22 @@ def test_fused_logits_bias_and_relu_equal_the_separate_layers_and_respect_hooks(
     logits = model(**batch).logits
     assert sorted(seen) == [1, 2]
     torch.testing.assert_close(logits, model.final_logits_bias.expand_as(logits))
+
+
+@needs_onednn
+def test_feed_forward_runs_as_one_node_unless_activation_dropout_runs(tiny_config, onednn):
+    """In training the model's ReLU feed-forward is the one-node path; with activation dropout (which sits between
+    its two layers) it keeps the separate layers, and the dropout really runs."""
+    from vaswani.modeling_vaswani import VaswaniFeedForward
+
+    x = torch.randn(3, 5, tiny_config.d_model)
+    ffn = VaswaniFeedForward(tiny_config, 32).train()
+    assert type(ffn(x.requires_grad_()).grad_fn).__name__ == "_ReLUFeedForwardBackward"
+    ffn.activation_dropout = 0.5
+    torch.manual_seed(0)
+    dropped = ffn(x)
+    assert type(dropped.grad_fn).__name__ == "_OneDNNLinearBackward"
+    with torch.no_grad():
+        inner = linear(x, ffn.fc1.weight, ffn.fc1.bias, relu=True)
+        assert not torch.allclose(dropped, linear(inner, ffn.fc2.weight, ffn.fc2.bias))  # some units dropped
+        assert torch.equal(ffn.eval()(x), linear(inner, ffn.fc2.weight, ffn.fc2.bias))  # eval: no dropout
