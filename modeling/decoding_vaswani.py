@@ -322,10 +322,10 @@ class _MinLengthInPlace:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[-1] < self.min_length:
-            if self.index is None or self.index[0] != scores.shape[-1]:
+            if self.index is None:  # one generate call: one vocabulary, one device
                 eos = torch.as_tensor(self.eos, device=scores.device).flatten().long()
-                self.index = (scores.shape[-1], eos[(eos >= 0) & (eos < scores.shape[-1])])
-            scores.index_fill_(-1, self.index[1], -math.inf)
+                self.index = eos[(eos >= 0) & (eos < scores.shape[-1])]
+            scores.index_fill_(-1, self.index, -math.inf)
         return scores
 
 

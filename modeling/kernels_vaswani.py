@@ -85,11 +85,19 @@ class _OneDNNLinear(torch.autograd.Function):
         x, weight, out = ctx.saved_tensors
         if out is not None:  # relu's own backward: the gradient where the output is positive
             grad_output = torch.ops.aten.threshold_backward(grad_output, out, 0)
-        flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        grad_x = _onednn_linear(grad_output, weight.t(), None) if ctx.needs_input_grad[0] else None
-        grad_weight = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
-        grad_bias = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias, None
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        return *_linear_gradients(grad_output, x, weight, needs_x, needs_weight, needs_bias and ctx.has_bias), None
+
+
+def _linear_gradients(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, needs_x: bool,
+                      needs_weight: bool, needs_bias: bool) -> tuple[torch.Tensor | None, ...]:
+    """The gradients of `x @ weight.T + bias` that are wanted: the input's on oneDNN, the weight's with `mm`, the
+    bias's a sum (None for the others)."""
+    flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
+    grad_x = _onednn_linear(grad_output, weight.t(), None) if needs_x else None
+    grad_weight = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if needs_weight else None
+    grad_bias = flat_grad.sum(0) if needs_bias else None
+    return grad_x, grad_weight, grad_bias
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
@@ -121,21 +129,15 @@ class _ReLUFeedForward(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         x, weight1, weight2, inner = ctx.saved_tensors
         needs_x, needs_weight1, needs_bias1, needs_weight2, needs_bias2 = ctx.needs_input_grad
+        has_bias1, has_bias2 = ctx.has_bias
         needs_inner = needs_x or needs_weight1 or needs_bias1
-        grad_x = grad_weight1 = grad_bias1 = grad_weight2 = grad_bias2 = None
-        flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
-        if needs_inner:  # fc2's input gradient, then the ReLU's backward on it in place
-            grad_inner = _onednn_linear(grad_output, weight2.t(), None)
+        grad_inner, grad_weight2, grad_bias2 = _linear_gradients(grad_output, inner, weight2, needs_inner,
+                                                                 needs_weight2, needs_bias2 and has_bias2)
+        grad_x = grad_weight1 = grad_bias1 = None
+        if needs_inner:  # the ReLU's backward in place on fc2's input gradient, then fc1's gradients
             torch.ops.aten.threshold_backward.grad_input(grad_inner, inner, 0, grad_input=grad_inner)
-        if needs_weight2:
-            grad_weight2 = flat_grad.t() @ inner.reshape(-1, inner.shape[-1])
-        if needs_bias2 and ctx.has_bias[1]:
-            grad_bias2 = flat_grad.sum(0)
-        if needs_inner:
-            flat_inner = grad_inner.reshape(-1, grad_inner.shape[-1])
-            grad_x = _onednn_linear(grad_inner, weight1.t(), None) if needs_x else None
-            grad_weight1 = flat_inner.t() @ x.reshape(-1, x.shape[-1]) if needs_weight1 else None
-            grad_bias1 = flat_inner.sum(0) if needs_bias1 and ctx.has_bias[0] else None
+            grad_x, grad_weight1, grad_bias1 = _linear_gradients(grad_inner, x, weight1, needs_x, needs_weight1,
+                                                                 needs_bias1 and has_bias1)
         return grad_x, grad_weight1, grad_bias1, grad_weight2, grad_bias2
 
 
