@@ -1,22 +1,17 @@
-"""A lean loop for greedy search and sampling: the same tokens as `GenerationMixin._sample`, with less work per step.
+"""The lean decoding loops of the `lean_decoding` fast path: greedy search, sampling and beam search with the tokens
+of `GenerationMixin._sample` / `_beam_search`, and less work per step.
 
 Per new token, transformers' loop prepares inputs, rebuilds the decoder's masks, grows every layer's cache with
-`torch.cat`, records outputs it was not asked for and updates its kwargs. For the common call (eval mode, SDPA, a
-fresh cache, tokens only) none of that is needed: this loop keeps each layer's keys and values in one preallocated
-buffer, projects the encoder output for cross-attention once, builds the source mask once, freezes the decoder's
-weights for the call (packed for oneDNN where it applies: `kernels_vaswani.FrozenLinear`), and runs each layer on one
-new position at a time: its own norms and activation in the residual order of the model's forward, the residual
-additions and a ReLU fused into the GEMMs, attention as batched matmuls (`single_query_attention`: SDPA's CPU kernel
-costs several times more for one query). It calls the same
-`logits_processor` and `stopping_criteria` objects as transformers' loop, in the same order, so length limits,
-`min_new_tokens`, forced tokens, repetition penalties, EOS handling and sampling (the same `torch.multinomial`
-draw) behave exactly as there; `LogitsProcessorList`'s own call is replaced by a loop over its processors when none
-takes keyword arguments (it checks each processor's signature at every step: 0.25 ms a step, 5 % of a G2P greedy
-call, measured; the lean loops pass no keyword arguments, so what it checks is the same for the whole call).
+`torch.cat` and records outputs it was not asked for. For the common call (eval mode, a fresh cache, tokens only)
+none of that is needed: this loop keeps each layer's keys and values in one preallocated buffer, projects the encoder
+output for cross-attention once, builds the source mask once, freezes the decoder's weights for the call (packed for
+oneDNN where it is available: `onednn_vaswani.FrozenLinear`), and runs each layer on one new position at a time, in
+the order of the model's forward. It calls the same `logits_processor` and `stopping_criteria` objects as
+transformers' loop, in the same order, so length limits, forced tokens, penalties, EOS handling and sampling (the same
+`torch.multinomial` draw) behave exactly as there.
 
-`lean_decoding_blocker` names the first reason a call needs transformers' loop instead (eager or flash attention,
-training mode, a decoder prompt, a user cache, `return_dict_in_generate`, a streamer, ...); the model then falls
-back to it. Setting `model.lean_decoding = False` always takes transformers' loop.
+`lean_blocker` names the first reason a call needs transformers' loop instead; fast_paths_vaswani.py checks the
+module contract before it.
 """
 
 from __future__ import annotations
@@ -33,28 +28,30 @@ from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
 )
 
-from .kernels_vaswani import (
-    FrozenLinear,
-    Packing,
-    additive_mask,
-    keep_fully_padded_rows_finite,
-    onednn_applies,
-    packing,
-    single_query_attention,
-)
+from .onednn_vaswani import FrozenLinear
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
+# GenerationMixin's beam-search bookkeeping, reused as is so that every beam setting means what it means there.
+_BEAM_HELPERS = ("_flatten_beam_dim", "_unflatten_beam_dim", "_get_top_k_continuations",
+                 "_get_running_beams_for_next_iteration", "_update_finished_beams", "_check_early_stop_heuristic",
+                 "_beam_search_has_unfinished_sequences")
 
 
-def lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, streamer, model_kwargs) -> str | None:
-    """Why this `_sample` call must use transformers' loop, or None when the lean loop gives the same result."""
-    if not getattr(model, "lean_decoding", True):
-        return "model.lean_decoding is False"
-    if model.training:
-        return "the model is in training mode"
-    if model.config._attn_implementation != "sdpa":
-        return f"attn_implementation={model.config._attn_implementation!r} (the lean loop runs SDPA)"
+def lean_blocker(model, input_ids, generation_config, synced_gpus=False, streamer=None, model_kwargs=None,
+                 beams: bool = False) -> str | None:
+    """Why this `_sample` (or, with `beams`, `_beam_search`) call must use transformers' loop, or None."""
+    model_kwargs = model_kwargs or {}
+    if beams:
+        missing = [name for name in _BEAM_HELPERS if not callable(getattr(model, name, None))]
+        if missing:
+            return f"this transformers version lacks the beam-search helpers {missing}"
+        if generation_config.low_memory:
+            return "low_memory"
+    if model.training or torch.is_grad_enabled():
+        return "the model is in training mode or gradients are enabled"
+    if model.config._attn_implementation not in ("eager", "sdpa"):
+        return f"attn_implementation={model.config._attn_implementation!r} (the lean loop computes full attention)"
     if synced_gpus or streamer is not None:
         return "synced_gpus or a streamer"
     if generation_config.return_dict_in_generate:
@@ -69,12 +66,25 @@ def lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, stre
     cache = model_kwargs.get("cache")
     if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
         return "a cache passed in by the caller"
-    encoder_outputs = model_kwargs.get("encoder_outputs")
-    if encoder_outputs is None or getattr(encoder_outputs, "last_hidden_state", None) is None:
-        return "no encoder output"
+    states = getattr(model_kwargs.get("encoder_outputs"), "last_hidden_state", None)
+    if states is None or states.device.type != "cpu" or states.dtype not in (torch.float32, torch.float64):
+        return "no float32 or float64 encoder output on the CPU"
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         return "the model is split across devices"
     return None
+
+
+def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                           additive_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """Attention for G new queries per row: query (N, G, D), keys/values (N, S, D) (any row strides), additive_mask
+    broadcastable to (N, G, S), or None -> (N, G, D). Batched GEMMs with the scale and the mask folded in."""
+    if additive_mask is None:
+        scores = torch.bmm(query, keys.transpose(1, 2))
+        if scaling != 1:
+            scores.mul_(scaling)
+    else:
+        scores = torch.baddbmm(additive_mask, query, keys.transpose(1, 2), alpha=scaling)
+    return torch.bmm(scores.softmax(-1), values)
 
 
 class _LeanLayer:
@@ -86,10 +96,10 @@ class _LeanLayer:
 
     `group` > 1 (beam search): rows come in groups of `group` beams of one source, and `sources` holds each source
     once; the cross-attention keys/values are projected for the sources only and stay that way: a source's beams
-    attend to them together, as `group` queries of one attention row (reading a source's keys once per step, not once
-    per beam: 2.1x faster at the base size's 64 source tokens, measured; no slower at 12)."""
+    attend to them together, as `group` queries of one attention row (a source's keys are read once per step, not
+    once per beam)."""
 
-    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int, source_packing: Packing | None = None):
+    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int):
         attention, cross, ffn = layer.self_attn, layer.encoder_attn, layer.ffn
         self.normalize_before = layer.normalize_before
         self.norms = [_layer_norm(norm) for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
@@ -106,10 +116,9 @@ class _LeanLayer:
         relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
         self.fc1, self.fc2 = _frozen(rows, ffn.fc1, relu=relu), _frozen(rows, ffn.fc2)
         self.activation = None if relu else ffn.activation
-        self.attend = _attention_for(sources)
         self.cache = sources.new_empty(rows, self.heads, 2, capacity, self.head_dim)  # keys, values
         n, length = sources.shape[:2]
-        keys, values = cross._source_projection(sources, source_packing)  # the real source tokens only
+        keys, values = (F.linear(sources, p.weight, p.bias) for p in (cross.k_proj, cross.v_proj))
         self.cross_keys, self.cross_values = (
             x.view(n, length, self.heads, self.head_dim).transpose(1, 2).reshape(n * self.heads, length, -1)
             for x in (keys, values)
@@ -154,16 +163,17 @@ class _LeanLayer:
         qkv = self.qkv(x).view(rows, heads, 3, size)
         keys, values = self.append(qkv[:, :, 1:], position)
         query = qkv.view(rows * heads, 3, size)[:, :1]  # (rows * H, 1, D), a view
-        return self.attend(query, keys, values, None, self.scaling).view(rows, -1)  # sees all: no mask
+        return single_query_attention(query, keys, values, None, self.scaling).view(rows, -1)  # sees all: no mask
 
     def _cross_attention(self, x: torch.Tensor, cross_mask: torch.Tensor | None) -> torch.Tensor:
         rows, heads, size, group = x.shape[0], self.heads, self.head_dim, self.group
         if group == 1:
             query = self.cross_query(x).view(rows * heads, 1, size)
-            return self.attend(query, self.cross_keys, self.cross_values, cross_mask, self.scaling).view(rows, -1)
+            out = single_query_attention(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
+            return out.view(rows, -1)
         # (rows, d_model) -> (sources * H, group, D): the beams of a source are the queries of one attention row
         query = self.cross_query(x).view(-1, group, heads, size).transpose(1, 2).reshape(-1, group, size)
-        out = self.attend(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
+        out = single_query_attention(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
         return out.view(-1, heads, group, size).transpose(1, 2).reshape(rows, -1)
 
 
@@ -181,8 +191,7 @@ def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.
     parameter changes (an in-place update bumps its version counter) or the number of rows does: a second copy of the
     decoder's weights, in oneDNN's layout."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
-    onednn = onednn_applies(parameters[0], parameters[0])  # part of the key: `ONEDNN_LINEAR` may change
-    key = (rows, relu, query_scale, heads, onednn, *((p.data_ptr(), p._version) for p in parameters))
+    key = (rows, relu, query_scale, heads, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():
@@ -200,31 +209,18 @@ def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.
     return cached[1]
 
 
-def _attention_for(sources: torch.Tensor):
-    """The attention function of the decoding steps: batched matmuls in float32/float64 on CPU (SDPA's CPU kernel
-    costs several times more for one query), else SDPA, which accumulates other dtypes in float32."""
-    if sources.device.type == "cpu" and sources.dtype in (torch.float32, torch.float64):
-        return single_query_attention
-    return _sdpa_attend
-
-
-def _sdpa_attend(query, keys, values, mask, scaling) -> torch.Tensor:
-    """`single_query_attention`'s contract through SDPA (4D views; the mask as transformers' loop gives it)."""
-    mask = None if mask is None else (mask == 0)[:, None]
-    return F.scaled_dot_product_attention(query[:, None], keys[:, None], values[:, None], attn_mask=mask,
-                                          scale=scaling)[:, 0]
-
-
 def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype: torch.dtype):
     """(B, S) source padding (1 = real) -> an additive mask (B * heads, 1, S) in `dtype` (0 where attended, the
     dtype's minimum elsewhere), or None when nothing is padded. A row that is all padding attends to every position,
     as in the model's forward (its outputs are never used)."""
     if attention_mask is None:
         return None
-    keep = keep_fully_padded_rows_finite(attention_mask).bool()
+    keep = attention_mask.bool()
+    keep = keep | ~keep.any(-1, keepdim=True)  # an all-padding row attends everywhere, as in the model's forward
     if bool(keep.all()):
         return None
-    return additive_mask(~keep, dtype).repeat_interleave(heads, 0)[:, None, :]
+    additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+    return additive.repeat_interleave(heads, 0)[:, None, :]
 
 
 class _LeanDecoder:
@@ -234,8 +230,7 @@ class _LeanDecoder:
         decoder = model.model.decoder
         self.embed_tokens, self.embed_scale = decoder.embed_tokens, decoder.embed_scale
         self.positions = decoder.embed_positions
-        source_packing = packing(None if source_mask is None else keep_fully_padded_rows_finite(source_mask))
-        self.layers = [_LeanLayer(layer, sources, rows, capacity, source_packing) for layer in decoder.layers]
+        self.layers = [_LeanLayer(layer, sources, rows, capacity) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
         self.lm_head = _frozen(rows, model.lm_head)
         bias = model.final_logits_bias
@@ -307,10 +302,8 @@ def _processors(logits_processor):
 class _MinLengthInPlace:
     """transformers' `MinLengthLogitsProcessor` or `MinNewTokensLengthLogitsProcessor` (those exact types) for scores
     that nothing else refers to: while the sequences are shorter than the minimum, the EOS scores are set to -inf in
-    place, one `index_fill_`. transformers' own builds the vocabulary's EOS mask (arange, isin), clones the scores
-    and writes them again with a broadcast `where` at every step, whether the minimum is reached or not: about 1 % of
-    a greedy call at the paper's base size (measured), for each of the two, which `min_new_tokens` both adds. The same
-    scores: -inf where it writes -inf, the input's values elsewhere."""
+    place with one `index_fill_`, where transformers' own builds the EOS mask, clones the scores and writes them
+    again at every step. The same scores: -inf where it writes -inf, the input's values elsewhere."""
 
     def __init__(self, processor):
         if type(processor) is MinLengthLogitsProcessor:
@@ -355,22 +348,6 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
         if not unfinished_sequences.any():
             return input_ids
         tokens = next_tokens[:, None]
-
-
-# GenerationMixin's beam-search bookkeeping, reused as is so that every beam setting means what it means there.
-_BEAM_HELPERS = ("_flatten_beam_dim", "_unflatten_beam_dim", "_get_top_k_continuations",
-                 "_get_running_beams_for_next_iteration", "_update_finished_beams", "_check_early_stop_heuristic",
-                 "_beam_search_has_unfinished_sequences")
-
-
-def lean_beam_blocker(model, input_ids, generation_config, synced_gpus, model_kwargs) -> str | None:
-    """Why this `_beam_search` call must use transformers' loop, or None (see `lean_decoding_blocker`)."""
-    missing = [name for name in _BEAM_HELPERS if not callable(getattr(model, name, None))]
-    if missing:
-        return f"this transformers version lacks the beam-search helpers {missing}"
-    if generation_config.low_memory:
-        return "low_memory"
-    return lean_decoding_blocker(model, input_ids, generation_config, synced_gpus, None, model_kwargs)
 
 
 def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):

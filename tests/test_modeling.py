@@ -2,7 +2,6 @@
 hand-computed loss, the same computation without cache or without padding)."""
 
 import math
-from unittest import mock
 
 import pytest
 import torch
@@ -13,48 +12,7 @@ import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 from vaswani.modeling_vaswani import _unpad_keys_for_flash
 from vaswani.positions_vaswani import SinusoidalPositions
-
-VOCAB = 100
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def make_model(config: VaswaniConfig, attn="sdpa", seed=0) -> VaswaniForConditionalGeneration:
-    """A tiny model whose biases and layer-norm weights are random too: initialisation zeroes the biases and sets
-    the norms to one, which would hide every misplaced bias or norm parameter from the tests that use it."""
-    torch.manual_seed(seed)
-    config._attn_implementation = attn
-    model = VaswaniForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
-                parameter.normal_(0.0, 0.2)
-            elif "norm" in name and name.endswith(".weight"):
-                parameter.normal_(1.0, 0.2)
-    return model
-
-
-def padded_batch(seed=0, batch=4, src_len=9, tgt_len=7):
-    """Random ids with random right padding in source and target (every row keeps at least one token)."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(4, VOCAB, (batch, src_len), generator=g)
-    labels = torch.randint(4, VOCAB, (batch, tgt_len), generator=g)
-    src_lens = torch.randint(1, src_len + 1, (batch,), generator=g)
-    tgt_lens = torch.randint(1, tgt_len + 1, (batch,), generator=g)
-    src_lens[0], tgt_lens[0] = src_len, tgt_len  # one full row, so the padded length is reached
-    attention_mask = (torch.arange(src_len) < src_lens[:, None]).long()
-    decoder_attention_mask = (torch.arange(tgt_len) < tgt_lens[:, None]).long()
-    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
-    labels = labels.masked_fill(decoder_attention_mask == 0, -100)
-    return dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        labels=labels,
-        decoder_attention_mask=decoder_attention_mask,
-    )
-
+from helpers import VOCAB, make_model, padded_batch, rel_err  # noqa: F401
 
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("layout", ["sinusoidal_interleaved", "sinusoidal_split"])
@@ -184,17 +142,18 @@ def test_incremental_decoding_with_cache_equals_full_forward(tiny_config, attn):
 
 
 def test_cross_attention_keys_computed_once_per_generate(tiny_config):
+    """transformers' loop (the lean one projects them once by construction): the cross-attention key projection runs
+    on the encoder output once per generate, not at every step."""
     model = make_model(tiny_config)
+    model.set_fast_paths({"lean_decoding": False})
     calls = []
     cross = model.model.decoder.layers[0].encoder_attn
-    project = cross._fused_output
-    cross._fused_output = lambda x, projections: calls.append(x.shape) or project(x, projections)
+    cross.k_proj.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
     batch = padded_batch(5)
     model.generate(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=5, min_new_tokens=5
     )
-    # once, over the encoder output's real tokens
-    assert calls == [torch.Size([int(batch["attention_mask"].sum()), 16])]
+    assert calls == [torch.Size([*batch["input_ids"].shape, 16])]
 
 
 def test_past_key_values_still_accepted(tiny_config):
@@ -492,8 +451,8 @@ def test_save_load_round_trip_exact(tiny_config, tmp_path):
     model.save_pretrained(tmp_path)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json"} <= names
-    assert {"configuration_vaswani.py", "modeling_vaswani.py", "positions_vaswani.py", "decoding_vaswani.py",
-            "kernels_vaswani.py"} <= names
+    assert {"configuration_vaswani.py", "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py",
+            "decoding_vaswani.py", "onednn_vaswani.py"} <= names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(loaded) is VaswaniForConditionalGeneration
@@ -529,19 +488,43 @@ def test_base_model_returns_decoder_hidden_states(tiny_config):
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "swish"])
-def test_activation_by_name(tiny_config, activation):
+def test_activation_by_name_is_the_one_the_feed_forward_runs(tiny_config, activation):
+    """Through the layer's forward: fc2(activation(fc1(x))) with the named function, fast paths on (the default)."""
     tiny_config.activation_function = activation
     model = make_model(tiny_config)
-    x = torch.linspace(-2, 2, 16)
-    expected = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "swish": F.silu}[activation](x)
-    assert torch.allclose(model.model.encoder.layers[0].ffn.activation(x), expected, atol=1e-6)
+    ffn = model.model.encoder.layers[0].ffn
+    x = torch.randn(2, 5, 16)
+    function = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "swish": F.silu}[activation]
+    with torch.no_grad():
+        expected = F.linear(function(F.linear(x, ffn.fc1.weight, ffn.fc1.bias)), ffn.fc2.weight, ffn.fc2.bias)
+        assert torch.allclose(ffn(x), expected, atol=1e-5)
+        others = [F.relu, F.gelu, F.silu, torch.tanh]
+        assert not any(torch.allclose(ffn(x), F.linear(other(F.linear(x, ffn.fc1.weight, ffn.fc1.bias)),
+                                                        ffn.fc2.weight, ffn.fc2.bias), atol=1e-5)
+                       for other in others if other is not function)
 
 
-def test_pre_ln_has_final_norms_and_post_ln_has_none(tiny_config):
+def test_pre_ln_applies_its_final_norms_and_post_ln_has_none(tiny_config):
+    """Pre-LN: each stack's output is its final layer norm applied to the last layer's output (checked against the
+    norm applied by hand); post-LN stacks have no final norm."""
     assert make_model(tiny_config).model.encoder.layer_norm is None
     tiny_config.normalize_before = True
     model = make_model(tiny_config)
-    assert model.model.encoder.layer_norm is not None and model.model.decoder.layer_norm is not None
+    batch = padded_batch(6)
+    for stack in (model.model.encoder, model.model.decoder):
+        assert stack.layer_norm is not None
+    seen = {}
+    for name in ("encoder", "decoder"):
+        getattr(model.model, name).layers[-1].register_forward_hook(
+            lambda module, args, out, name=name: seen.__setitem__(name, out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+    encoder_norm, decoder_norm = model.model.encoder.layer_norm, model.model.decoder.layer_norm
+    torch.testing.assert_close(out.encoder_last_hidden_state, encoder_norm(seen["encoder"]))
+    decoder_out = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              decoder_input_ids=model.prepare_decoder_input_ids_from_labels(batch["labels"]))
+    torch.testing.assert_close(decoder_out.last_hidden_state, decoder_norm(seen["decoder"]))
+    assert not torch.allclose(decoder_out.last_hidden_state, seen["decoder"], atol=1e-3)
 
 
 def test_dropout_is_active_in_training_only(tiny_config):
@@ -565,70 +548,6 @@ def test_scale_embedding_multiplies_by_sqrt_d_model(tiny_config):
     positions = model.model.encoder.embed_positions(torch.arange(3), torch.float32)
     expected = model.model.shared(ids) * math.sqrt(16) + positions
     assert torch.allclose(seen[0], expected, atol=1e-6)
-
-
-def test_fused_projection_equals_separate_projections_and_follows_updates(tiny_config):
-    model = make_model(tiny_config)
-    attention = model.model.encoder.layers[0].self_attn
-    x = torch.randn(2, 5, 16)
-    qkv = (attention.q_proj, attention.k_proj, attention.v_proj)
-    separate = lambda: [p(x) for p in qkv]  # noqa: E731
-    fused = lambda projections: attention._fused_output(x, projections).chunk(len(projections), -1)  # noqa: E731
-    with torch.no_grad():
-        for got, expected in zip(fused(qkv), separate()):
-            assert torch.allclose(got, expected, atol=1e-6)
-        attention.k_proj.weight.add_(1.0)  # an in-place update, as an optimizer makes: the cached fusion must follow
-        assert torch.allclose(fused(qkv)[1], separate()[1], atol=1e-5)
-    # while training, gradients reach the separate parameters
-    model.train()
-    sum(t.sum() for t in fused((attention.q_proj, attention.k_proj))).backward()
-    assert attention.q_proj.weight.grad is not None and attention.k_proj.weight.grad is not None
-
-
-def test_fused_linear_gradients_pass_gradcheck():
-    from vaswani.modeling_vaswani import _FusedLinear
-
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
-    params = [torch.randn(n, 4, dtype=torch.float64, requires_grad=True) for n in (4, 4, 2)]
-    params += [torch.randn(n, dtype=torch.float64, requires_grad=True) for n in (4, 4, 2)]
-    assert torch.autograd.gradcheck(lambda *t: _FusedLinear.apply(*t), (x, *params))
-    # only what needs a gradient gets one
-    frozen = [p.detach() for p in params[:3]] + params[3:]
-    _FusedLinear.apply(x.detach(), *frozen).sum().backward()
-    assert all(p.grad is not None for p in params[3:])
-
-
-def test_training_gradients_with_fused_projections_equal_separate_ones(tiny_config):
-    """The whole model's gradients with the fused training path equal those of plain separate projections."""
-    from vaswani.modeling_vaswani import VaswaniAttention
-
-    model = make_model(tiny_config, seed=3)
-    model.train()
-    batch = padded_batch(4)
-
-    def gradients():
-        model.zero_grad()
-        model(**batch).loss.backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    separate_path = mock.patch.object(VaswaniAttention, "_fused_output",
-                                      lambda self, x, projections: torch.cat([p(x) for p in projections], -1))
-    fused = gradients()
-    with separate_path:
-        separate = gradients()
-    assert fused.keys() == separate.keys()
-    for name in fused:
-        torch.testing.assert_close(fused[name], separate[name], rtol=1e-5, atol=1e-6, msg=name)
-
-    # mixed precision: the GEMMs run in bf16 like autocast's linear; gradients land in fp32 and agree with bf16 noise
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        fused = gradients()
-        with separate_path:
-            separate = gradients()
-    for name in fused:
-        assert fused[name].dtype == torch.float32
-        torch.testing.assert_close(fused[name], separate[name], rtol=0.02, atol=5e-3, msg=name)
 
 
 def test_beam_search_leaves_the_cross_attention_cache_alone(tiny_config):

@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 import torch
-from _clean_interpreter import REFUSE_VASWANI
+from helpers import REFUSE_VASWANI
 from safetensors.torch import load_file, save_file
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
@@ -27,7 +27,9 @@ CLEAN_LOAD = REFUSE_VASWANI + textwrap.dedent(
         logits = model(**inputs).logits
     generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5)
     save_file({"logits": logits.contiguous(), "generated": generated.contiguous()}, outputs_file)
-    print("loaded", model.__class__.__module__)
+    fast = sys.modules[model.__class__.__module__].fast
+    print("loaded", model.__class__.__module__, "fast paths:", type(fast).__name__, model.fast_paths,
+          getattr(fast, "error", None))
     """
 )
 
@@ -38,16 +40,13 @@ def clean_env(tmp_path):
     return env
 
 
-def test_trust_remote_code_load_in_a_clean_interpreter(tmp_path):
-    torch.manual_seed(0)
-    config = VaswaniConfig.from_preset("tiny", dropout=0.0, normalize_before=True, position_encoding="sinusoidal_split")
-    model = VaswaniForConditionalGeneration(config).eval()
+def _save_and_load_elsewhere(tmp_path, model, break_fast_paths: str | None = None):
+    """Save `model`, optionally replace its fast-path file with `break_fast_paths`, load it in a clean interpreter;
+    returns (outputs, the inputs, the interpreter's stdout)."""
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    config_json = (folder / "config.json").read_text()
-    assert '"AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration"' in config_json
-    assert '"AutoConfig": "configuration_vaswani.VaswaniConfig"' in config_json
-
+    if break_fast_paths is not None:
+        (folder / "fast_paths_vaswani.py").write_text(break_fast_paths)
     inputs = {
         "input_ids": torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]]),
         "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
@@ -68,10 +67,42 @@ def test_trust_remote_code_load_in_a_clean_interpreter(tmp_path):
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    outputs = load_file(tmp_path / "out.st")
+    return load_file(tmp_path / "out.st"), inputs, result.stdout
+
+
+def _expected(model, inputs):
     with torch.no_grad():
-        expected = model(**inputs).logits
-        generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                                   max_new_tokens=5)
-    assert torch.equal(outputs["logits"], expected)
+        logits = model(**inputs).logits
+    generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                               max_new_tokens=5)
+    return logits, generated
+
+
+def test_trust_remote_code_load_in_a_clean_interpreter(tmp_path):
+    torch.manual_seed(0)
+    config = VaswaniConfig.from_preset("tiny", dropout=0.0, normalize_before=True, position_encoding="sinusoidal_split")
+    model = VaswaniForConditionalGeneration(config).eval()
+    outputs, inputs, stdout = _save_and_load_elsewhere(tmp_path, model)
+    config_json = (tmp_path / "checkpoint" / "config.json").read_text()
+    assert '"AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration"' in config_json
+    assert '"AutoConfig": "configuration_vaswani.VaswaniConfig"' in config_json
+    assert "_fast_paths" not in config_json
+    assert "fast paths: _FastPaths" in stdout  # the fast paths travelled and loaded
+    logits, generated = _expected(model, inputs)
+    assert torch.equal(outputs["logits"], logits)
     assert torch.equal(outputs["generated"], generated)
+
+
+def test_a_checkpoint_whose_fast_paths_fail_to_import_loads_on_the_reference_path(tmp_path):
+    """A fast-path file that cannot be imported (another torch, a missing kernel: simulated by a file that raises)
+    leaves the model on the reference path, with the same outputs as the reference model here."""
+    torch.manual_seed(1)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", dropout=0.0)).eval()
+    broken = 'raise ImportError("simulated: this torch lacks the kernels")\n'
+    outputs, inputs, stdout = _save_and_load_elsewhere(tmp_path, model, break_fast_paths=broken)
+    assert "fast paths: _ReferenceOnly {}" in stdout and "simulated" in stdout
+    model.set_fast_paths(False)
+    logits, generated = _expected(model, inputs)
+    assert torch.allclose(outputs["logits"], logits, rtol=0, atol=1e-5)
+    assert torch.equal(outputs["generated"], generated)
+

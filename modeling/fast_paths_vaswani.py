@@ -1,0 +1,143 @@
+"""The CPU fast paths: one switch, one rule.
+
+modeling_vaswani.py is the reference; a fast path replaces one of its calls with faster code that gives the same
+result. Each is named here, switched here and decided here:
+
+- `feed_forward`: the ReLU feed-forward on oneDNN, as one autograd node in training (onednn_vaswani.py);
+- `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
+  buffer and runs the decoder on frozen, packed weights (decoding_vaswani.py).
+
+The switch: `fast_paths=` at load (True, False or {name: bool}), `model.set_fast_paths(...)` at run time, and the
+environment variable VASWANI_FAST_PATHS (`1`/`all`, `0`/`none`, or a comma-separated list of the names to enable)
+for the default of models created afterwards.
+
+The rule (`applies`), for every path: the path is switched on; the tensors are float32 on the CPU, with no tensor
+subclass (float64 too for the decoding loop), outside autocast and outside `torch.compile`; and the module
+contract holds: every module whose call the
+path replaces is exactly the plain layer (its own class, not a subclass or a wrapper such as a PEFT LoRA layer), with
+no hooks (its own or global) and plain parameters. Otherwise the fast path steps aside and the modules' own forwards
+run. Each path adds its own conditions: the feed-forward's ReLU and oneDNN on an AVX-512 CPU; the decoding loop's
+`decoding_vaswani.lean_blocker` (eval mode, no gradients, eager or SDPA, a fresh cache, tokens only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_globals
+
+from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
+from .onednn_vaswani import onednn_available, relu_feed_forward
+
+FAST_PATHS = ("feed_forward", "lean_decoding")
+ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
+
+# The torch and transformers classes the model is built of; with the model's own classes (recognised by their
+# module, so that a remote-code copy counts too), the only ones a fast path accepts.
+_PLAIN_MODULES = (nn.Linear, nn.LayerNorm, nn.Embedding, nn.ModuleList, nn.ReLU, nn.GELU, nn.SiLU, nn.Identity)
+_OWN_FILES = ("modeling_vaswani", "positions_vaswani")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def _default() -> dict[str, bool]:
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip().lower()
+    if value in ("1", "all", "true", "on"):
+        return dict.fromkeys(FAST_PATHS, True)
+    if value in ("0", "none", "false", "off", ""):
+        return dict.fromkeys(FAST_PATHS, False)
+    names = [name.strip() for name in value.split(",")]
+    _check_names(names, f"{ENVIRONMENT_VARIABLE}={value!r}")
+    return {name: name in names for name in FAST_PATHS}
+
+
+def _check_names(names, where: str) -> None:
+    unknown = sorted(set(names) - set(FAST_PATHS))
+    if unknown:
+        raise ValueError(f"{where}: unknown fast path(s) {unknown}; the fast paths are {list(FAST_PATHS)}, "
+                         f"or use True / False for all of them")
+
+
+def resolve(value: bool | dict | None = None, current: dict | None = None) -> dict[str, bool]:
+    """The switch as {name: bool} from True, False, None (the environment's default) or {name: bool} (names not
+    given keep `current`, or the default)."""
+    base = dict(current) if current is not None else _default()
+    if value is None:
+        return base
+    if isinstance(value, bool):
+        return dict.fromkeys(FAST_PATHS, value)
+    if isinstance(value, dict):
+        _check_names(value, "fast_paths")
+        return {**base, **{name: bool(on) for name, on in value.items()}}
+    raise TypeError(f"fast_paths={value!r}: give True, False or a dict {{name: bool}} of {list(FAST_PATHS)}")
+
+
+# The dtypes each path serves: oneDNN's kernels are float32; the decoding loop is exact in float64 too.
+_DTYPES = {"feed_forward": (torch.float32,), "lean_decoding": (torch.float32, torch.float64)}
+
+
+def _plain_tensors(tensors, dtypes) -> bool:
+    return (all(t.device.type == "cpu" and t.dtype in dtypes and t.layout == torch.strided for t in tensors)
+            and not torch.overrides.has_torch_function(tensors)
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling())
+
+
+def _plain_module(module: nn.Module, dtypes) -> bool:
+    """Exactly one of the model's own or torch's plain classes, without hooks, with plain CPU parameters."""
+    kind = type(module)
+    own = kind.__module__.rsplit(".", 1)[-1] in _OWN_FILES
+    if not (own or kind in _PLAIN_MODULES or kind.__module__ == "transformers.activations"):
+        return False
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+        return False
+    parameters = list(module.parameters(recurse=False))
+    return all(type(p) is nn.Parameter for p in parameters) and _plain_tensors(parameters, dtypes)
+
+
+def contract_holds(*modules: nn.Module, dtypes=(torch.float32,)) -> bool:
+    """The module contract for every module in `modules` and below them."""
+    if any(getattr(_module_globals, name) for name in _GLOBAL_HOOKS):
+        return False
+    return all(_plain_module(m, dtypes) for root in modules for m in root.modules())
+
+
+class _FastPaths:
+    """What modeling_vaswani.py calls: `applies` (the rule) and the fast paths themselves."""
+
+    names = FAST_PATHS
+
+    @staticmethod
+    def resolve(value: bool | dict | None = None, current: dict | None = None) -> dict[str, bool]:
+        return resolve(value, current)
+
+    @staticmethod
+    def applies(name: str, module: nn.Module, *tensors: torch.Tensor, **context) -> bool:
+        """Whether fast path `name` replaces `module`'s call on `tensors` (see the module docstring)."""
+        if name not in FAST_PATHS:
+            raise ValueError(f"unknown fast path {name!r}; the fast paths are {list(FAST_PATHS)}")
+        dtypes = _DTYPES[name]
+        if not module.config._fast_paths.get(name, False) or not _plain_tensors(tensors, dtypes):
+            return False
+        if name == "feed_forward":
+            return (type(module.activation) is nn.ReLU and not (module.training and module.activation_dropout)
+                    and onednn_available() and contract_holds(module.fc1, module.fc2, module.activation))
+        return contract_holds(module, dtypes=dtypes) and lean_blocker(module, **context) is None
+
+    @staticmethod
+    def feed_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        return relu_feed_forward(hidden_states, module.fc1, module.fc2)
+
+    @staticmethod
+    def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        return lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
+
+    @staticmethod
+    def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        return lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                **model_kwargs)
+
+
+fast = _FastPaths()

@@ -1,0 +1,141 @@
+"""What several test files share: the repository's paths, a script of scripts/ loaded as a module, a tiny G2P
+checkpoint like the training loop writes, a subprocess runner that leaves nothing behind, and the preamble of scripts
+that must run without `vaswani`."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CMUDICT = REPO / "data" / "cmudict-g2p" / "g014b2b.train.tsv"
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module, so that a test calls its main(argv) in-process (nothing imports scripts/)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# A checkpoint folder like the training loop writes (model.save_pretrained + tokenizer.save_pretrained), from a tiny
+# random model and a G2P tokenizer trained on the first lines of the shipped CMUdict split.
+
+def write_g2p_sample(path: Path, lines: int = 300) -> Path:
+    """The first `lines` lines of the CMUdict split, as a WORD<TAB>PHONEMES file."""
+    with open(CMUDICT, encoding="utf-8") as f:
+        path.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
+    return path
+
+
+def make_tiny_checkpoint(folder: Path, sample: Path, seed: int = 0, **config_overrides) -> Path:
+    """Tokenizer (one piece per letter and phoneme of `sample`) + tiny model, saved into `folder`."""
+    import vaswani
+    from vaswani.tokenizer import train_tokenizer
+
+    symbols = set()
+    for line in sample.read_text(encoding="utf-8").splitlines():
+        word, phonemes = line.split("\t")
+        symbols |= set(word) | set(phonemes.split())
+    tokenizer = train_tokenizer([sample], folder, len(symbols) + 4, "word", columns=[0, 1], spell_source=True)
+    config = vaswani.VaswaniConfig.from_preset("tiny", vocab_size=len(tokenizer), **{"dropout": 0.0, **config_overrides})
+    torch.manual_seed(seed)
+    model = vaswani.VaswaniForConditionalGeneration(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# Run a command in its own process group and leave nothing behind: on a timeout, and after a normal exit (a torchrun
+# rank can hang at exit after its work is done), the whole group is killed.
+
+def run_group(command, timeout, **kwargs) -> subprocess.CompletedProcess:
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    if kwargs.pop("capture_output", False):
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    process = subprocess.Popen(command, start_new_session=True, **kwargs)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        stdout, stderr = process.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr) from None
+    finally:
+        _kill_group(process.pid)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# The preamble of scripts that must run where `vaswani` is NOT importable: the package is installed in the test
+# environment (editable or not), so every `vaswani` import is refused rather than merely left off the path, and the
+# script checks that the refusal works before it proves anything.
+REFUSE_VASWANI = '''
+import sys
+
+class RefuseVaswani:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vaswani" or name.startswith("vaswani."):
+            raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)")
+
+sys.meta_path.insert(0, RefuseVaswani())
+try:
+    import vaswani  # noqa: F401
+    raise SystemExit("vaswani is importable: the test would prove nothing")
+except ModuleNotFoundError:
+    pass
+'''
+
+
+# The model tests' shared tiny models and batches.
+VOCAB = 100
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def make_model(config, attn="sdpa", seed=0):
+    """A tiny model whose biases and layer-norm weights are random too: initialisation zeroes the biases and sets
+    the norms to one, which would hide every misplaced bias or norm parameter from the tests that use it."""
+    from vaswani import VaswaniForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config._attn_implementation = attn
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2)
+            elif "norm" in name and name.endswith(".weight"):
+                parameter.normal_(1.0, 0.2)
+    return model
+
+
+def padded_batch(seed=0, batch=4, src_len=9, tgt_len=7):
+    """Random ids with random right padding in source and target (every row keeps at least one token)."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (batch, src_len), generator=g)
+    labels = torch.randint(4, VOCAB, (batch, tgt_len), generator=g)
+    src_lens = torch.randint(1, src_len + 1, (batch,), generator=g)
+    tgt_lens = torch.randint(1, tgt_len + 1, (batch,), generator=g)
+    src_lens[0], tgt_lens[0] = src_len, tgt_len  # one full row, so the padded length is reached
+    attention_mask = (torch.arange(src_len) < src_lens[:, None]).long()
+    decoder_attention_mask = (torch.arange(tgt_len) < tgt_lens[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    labels = labels.masked_fill(decoder_attention_mask == 0, -100)
+    return dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        decoder_attention_mask=decoder_attention_mask,
+    )

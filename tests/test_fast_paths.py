@@ -1,0 +1,279 @@
+"""The fast-path seam (modeling/fast_paths_vaswani.py): the switch, the rule, the module contract (PEFT LoRA adapters,
+hooks, a replaced projection) and the whole model with the fast paths on against the same model with them off."""
+
+import copy
+import json
+from unittest import mock
+
+import pytest
+import torch
+from helpers import make_model, padded_batch
+from torch import nn
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, decoding_vaswani, fast_paths_vaswani
+from vaswani.fast_paths_vaswani import FAST_PATHS, fast
+from vaswani.onednn_vaswani import onednn_available
+
+peft = pytest.importorskip("peft")
+
+LINEAR_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"]
+
+
+class Ran:
+    """Counts the calls of each fast path while it is active (a spy around the functions the seam calls)."""
+
+    def __init__(self):
+        self.calls = dict.fromkeys(FAST_PATHS, 0)
+        self._patches = [
+            self._spy("feed_forward", fast_paths_vaswani, "relu_feed_forward"),
+            self._spy("lean_decoding", fast_paths_vaswani, "lean_sample"),
+            self._spy("lean_decoding", fast_paths_vaswani, "lean_beam_search"),
+        ]
+
+    def _spy(self, name, module, attribute):
+        original = getattr(module, attribute)
+
+        def spy(*args, **kwargs):
+            self.calls[name] += 1
+            return original(*args, **kwargs)
+
+        return mock.patch.object(module, attribute, spy)
+
+    def __enter__(self):
+        for patch in self._patches:
+            patch.start()
+        return self.calls
+
+    def __exit__(self, *exc):
+        for patch in self._patches:
+            patch.stop()
+
+
+def generate(model, batch, **kwargs):
+    with torch.no_grad():
+        return model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              max_new_tokens=8, do_sample=False, **kwargs)
+
+
+# --- the switch -----------------------------------------------------------------------------------------------------
+
+
+def test_switch_at_load_at_run_time_and_by_environment(tiny_config, tmp_path, monkeypatch):
+    model = VaswaniForConditionalGeneration(tiny_config)
+    assert model.fast_paths == dict.fromkeys(FAST_PATHS, True)
+    model.set_fast_paths({"lean_decoding": False})
+    assert model.fast_paths == {"feed_forward": True, "lean_decoding": False}
+    model.set_fast_paths(False)
+    assert not any(model.fast_paths.values())
+    model.save_pretrained(tmp_path)
+    assert "_fast_paths" not in json.loads((tmp_path / "config.json").read_text())
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path, fast_paths={"feed_forward": False})
+    assert loaded.fast_paths == {"feed_forward": False, "lean_decoding": True}
+    assert all(m.config is loaded.config for m in (loaded.model.encoder, loaded.model.decoder))
+    monkeypatch.setenv("VASWANI_FAST_PATHS", "0")
+    assert not any(VaswaniForConditionalGeneration.from_pretrained(tmp_path).fast_paths.values())
+    monkeypatch.setenv("VASWANI_FAST_PATHS", "lean_decoding")
+    assert VaswaniForConditionalGeneration(tiny_config).fast_paths == {"feed_forward": False, "lean_decoding": True}
+
+
+def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
+    model = VaswaniForConditionalGeneration(tiny_config)
+    with pytest.raises(ValueError, match="unknown fast path.*'lean'.*feed_forward"):
+        model.set_fast_paths({"lean": False})
+    with pytest.raises(TypeError, match="True, False or a dict"):
+        model.set_fast_paths("off")
+    monkeypatch.setenv("VASWANI_FAST_PATHS", "onednn")
+    with pytest.raises(ValueError, match="VASWANI_FAST_PATHS='onednn'.*unknown"):
+        VaswaniForConditionalGeneration(tiny_config)
+
+
+# --- the rule -------------------------------------------------------------------------------------------------------
+
+
+def test_feed_forward_rule(tiny_config):
+    model = make_model(tiny_config)
+    ffn = model.model.encoder.layers[0].ffn
+    x = torch.randn(3, 5, tiny_config.d_model)
+    applies = lambda t=x: fast.applies("feed_forward", ffn, t)  # noqa: E731
+    assert applies() == onednn_available()  # AVX-512 CPUs only
+    if not onednn_available():
+        pytest.skip("oneDNN's AVX-512 kernels are not available here: the feed-forward path never applies")
+    assert not applies(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not applies()
+    handle = ffn.fc2.register_forward_pre_hook(lambda *args: None)
+    assert not applies()
+    handle.remove()
+    ffn.activation_dropout = 0.1
+    assert applies()  # in eval mode the dropout is off
+    ffn.train()
+    assert not applies()
+    ffn.eval()
+    ffn.activation = nn.GELU()
+    assert not applies()
+    model.set_fast_paths({"feed_forward": False})
+    ffn.activation = nn.ReLU()
+    assert not applies()
+
+
+def test_lean_decoding_rule(tiny_config):
+    model = make_model(tiny_config)
+    batch = padded_batch(0)
+    with Ran() as calls:
+        generate(model, batch)
+        assert calls["lean_decoding"] == 1
+        generate(model.train(), batch)
+        model.eval()
+        assert calls["lean_decoding"] == 1  # training mode: transformers' loop
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+        try:
+            generate(model, batch)
+        finally:
+            handle.remove()
+        assert calls["lean_decoding"] == 1  # a global hook
+        handle = model.model.encoder.layers[0].self_attn.register_forward_hook(lambda *args: None)
+        generate(model, batch)
+        handle.remove()
+        assert calls["lean_decoding"] == 1  # a hook anywhere in the model
+        generate(model, batch, num_beams=3)
+        assert calls["lean_decoding"] == 2
+
+
+def test_unknown_path_name_in_the_rule_is_an_error(tiny_config):
+    with pytest.raises(ValueError, match="unknown fast path"):
+        fast.applies("packing", make_model(tiny_config))
+
+
+# --- the module contract --------------------------------------------------------------------------------------------
+
+
+def lora_model(config, seed=0):
+    """The tiny model with LoRA adapters on every linear layer, their B matrices random (peft's default init makes
+    an adapter a no-op, which would hide one that is skipped)."""
+    base = make_model(config, seed=seed)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=LINEAR_LAYERS, init_lora_weights=False)
+    return peft.get_peft_model(base, lora)
+
+
+def test_lora_adapters_on_every_linear_layer_get_gradients_and_change_the_outputs(tiny_config):
+    batch = padded_batch(1)
+    reference = make_model(tiny_config).train()
+    with torch.no_grad():
+        base_logits = reference(**batch).logits
+    model = lora_model(tiny_config).train()
+    lora_tensors = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    layers = 2 * 4 + 2 * 8 + 4 * 2  # attention projections of 2 encoder and 2 decoder layers (x2), FFNs
+    assert len(lora_tensors) == 2 * layers  # A and B of each
+    with Ran() as calls:
+        out = model(**batch)
+        out.loss.backward()
+    assert calls["feed_forward"] == 0  # the adapters' layers are not plain: the path stepped aside
+    missing = [name for name, p in lora_tensors.items() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+    assert not torch.allclose(out.logits, base_logits, atol=1e-3)
+
+
+def test_unmerged_adapter_equals_the_merged_model(tiny_config):
+    batch = padded_batch(2, batch=5)
+    model = lora_model(tiny_config, seed=1).eval()
+    with torch.no_grad():
+        logits = model(**batch).logits
+    greedy, beam = generate(model, batch), generate(model, batch, num_beams=3)
+    merged = model.merge_and_unload()
+    with Ran() as calls:
+        with torch.no_grad():
+            merged_logits = merged(**batch).logits
+        merged_greedy, merged_beam = generate(merged, batch), generate(merged, batch, num_beams=3)
+    assert calls["lean_decoding"] == 2  # the merged model is plain again: the fast paths run
+    assert torch.allclose(logits, merged_logits, rtol=0, atol=1e-5)
+    assert torch.equal(greedy, merged_greedy)
+    assert torch.equal(beam, merged_beam)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "greedy", "beam"])
+def test_forward_hooks_on_every_linear_layer_fire(tiny_config, mode):
+    model = make_model(tiny_config)
+    fired = set()
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for name, module in linears.items():
+        module.register_forward_hook(lambda m, args, out, name=name: fired.add(name))
+    batch = padded_batch(3)
+    if mode in ("train", "eval"):
+        getattr(model, mode)()
+        model(**batch).loss.backward()
+    else:
+        generate(model, batch, num_beams=3 if mode == "beam" else 1)
+    assert fired == set(linears)
+
+
+class Doubled(nn.Module):
+    """A user's replacement for a projection: the same linear layer, its output doubled, and counted."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.inner, self.calls = linear, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return 2 * self.inner(x)
+
+
+@pytest.mark.parametrize("name", ["v_proj", "fc1"])
+def test_a_replaced_projection_is_the_one_that_runs(tiny_config, name):
+    batch = padded_batch(4)
+    model, reference = make_model(tiny_config), make_model(copy.deepcopy(tiny_config))  # the switch is per config
+    for layer, plain in zip(model.model.decoder.layers, reference.model.decoder.layers):
+        owner = layer.self_attn if name == "v_proj" else layer.ffn
+        setattr(owner, name, Doubled(getattr(owner, name)))
+        plain_owner = plain.self_attn if name == "v_proj" else plain.ffn
+        with torch.no_grad():  # the same function as plain layers with doubled parameters
+            getattr(plain_owner, name).weight.mul_(2)
+            getattr(plain_owner, name).bias.mul_(2)
+    reference.set_fast_paths(False)
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits, reference(**batch).logits, rtol=0, atol=1e-5)
+    for num_beams in (1, 3):
+        assert torch.equal(generate(model, batch, num_beams=num_beams), generate(reference, batch, num_beams=num_beams))
+    replaced = model.model.decoder.layers[0].self_attn.v_proj if name == "v_proj" else model.model.decoder.layers[0].ffn.fc1
+    assert replaced.calls > 3
+
+
+# --- fast on == fast off --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_the_whole_model_with_fast_paths_on_equals_it_with_them_off(tiny_config, normalize_before):
+    """Forward, every gradient, greedy and beam generate, on padded batches: within float32 rounding, the same
+    tokens. The fast paths must really have run in the first pass."""
+    tiny_config.normalize_before = normalize_before
+    model = make_model(tiny_config, seed=5)
+    batch = padded_batch(5, batch=6)
+
+    def run():
+        model.train()
+        model.zero_grad()
+        out = model(**batch)
+        out.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.eval()
+        with torch.no_grad():
+            logits = model(**batch).logits
+        return out.loss.detach(), logits, grads, generate(model, batch), generate(model, batch, num_beams=4)
+
+    with Ran() as calls:
+        fast_run = run()
+    assert calls["lean_decoding"] == 2
+    assert (calls["feed_forward"] > 0) == onednn_available()
+    model.set_fast_paths(False)
+    with Ran() as calls:
+        plain_run = run()
+    assert not any(calls.values())
+    loss, logits, grads, greedy, beam = fast_run
+    plain_loss, plain_logits, plain_grads, plain_greedy, plain_beam = plain_run
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == plain_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert torch.equal(greedy, plain_greedy)
+    assert torch.equal(beam, plain_beam)
