@@ -1,4 +1,5 @@
-"""Test settings shared by the whole suite: one thread (tiny models run far faster), no network."""
+"""Test settings shared by the whole suite: one thread (tiny models run far faster), no network; and the shared
+fixtures: the tiny config, and a tiny G2P checkpoint with its loaded model and tokenizer."""
 
 import os
 
@@ -19,3 +20,27 @@ def tiny_config():
     import vaswani
 
     return vaswani.VaswaniConfig.from_preset("tiny", dropout=0.0)
+
+
+@pytest.fixture(scope="session")
+def g2p_sample(tmp_path_factory):
+    """The first 300 lines of the shipped CMUdict split (WORD<TAB>PHONEMES)."""
+    from helpers import write_g2p_sample
+
+    return write_g2p_sample(tmp_path_factory.mktemp("g2p") / "sample.tsv", lines=300)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory, g2p_sample):
+    """A folder like the training loop writes: tiny random model and a G2P tokenizer; tests only read it."""
+    from helpers import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), g2p_sample)
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint):
+    """(model, tokenizer) of `checkpoint` on the CPU, one per test file (some tests switch the model's attention)."""
+    from vaswani.training.generation import load_checkpoint
+
+    return load_checkpoint(checkpoint, device="cpu")

@@ -1,16 +1,17 @@
-"""The benchmark's bookkeeping (not speed): identical weights, identical outputs, the files it writes."""
+"""The benchmark's bookkeeping (not speed): identical weights, identical outputs, the files it writes, the fast
+paths section's settings."""
 
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from vaswani.training import benchmark
+from helpers import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/benchmark.py is not part of the package
+import benchmark  # noqa: E402
 
 
 def test_pair_computes_the_same_function():
@@ -70,9 +71,7 @@ def test_activation_memory_grows_quadratically_with_eager_attention_only():
 
 
 def test_quick_run_end_to_end(tmp_path):
-    import benchmark as script  # scripts/benchmark.py
-
-    results = script.main(["--quick", "--output_dir", str(tmp_path), "--threads", "1"])
+    results = benchmark.main(["--quick", "--output_dir", str(tmp_path), "--threads", "1"])
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["comparisons"] == json.loads(json.dumps(results["comparisons"]))
     names = {c["name"] for c in written["comparisons"]}
@@ -94,6 +93,25 @@ def test_quick_run_end_to_end(tmp_path):
         quick["marian_step_s"] / quick["ideal_step_s_at_own_gemm_rates"])
     table = (tmp_path / "results.md").read_text()
     assert "| generate quick sdpa beam5 (call) |" in table and "ceiling: Marian / GEMMs alone" in table
+    # the fast paths section (--quick runs it): each path, then all of them, on the three workloads
+    from vaswani.fast_paths_vaswani import FAST_PATHS
+
+    section = written["fast_paths"]
+    assert section == json.loads(json.dumps(results["fast_paths"]))
+    assert set(section["as_loaded"]) == set(FAST_PATHS)
+    assert [row["path"] for row in section["paths"]] == [*FAST_PATHS, "all fast paths"]
+    assert [row["switched_off"] for row in section["paths"]] == [*([name] for name in FAST_PATHS), list(FAST_PATHS)]
+    for row in section["paths"]:
+        assert [w["name"] for w in row["workloads"]] == [
+            "train quick sdpa padded", "generate quick sdpa greedy", "generate quick sdpa beam 5"]
+        for w in row["workloads"]:
+            assert w["off"]["median"] > 0 and w["on"]["median"] > 0 and w["rounds"] == 1
+            assert w["gain"] == pytest.approx(w["on"]["median"] / w["off"]["median"])
+            assert w["round_ratio"]["median"] == pytest.approx(w["gain"])
+            assert w.get("identical_outputs", True)  # generate: the same tokens with and without the path
+        table_row = next(line for line in table.splitlines() if line.startswith(f"| {row['path']} |"))
+        assert table_row.count("|") == 5
+    assert "| fast path | train quick sdpa padded | generate quick sdpa greedy | generate quick sdpa beam 5 |" in table
 
 
 def test_generation_mismatch_is_an_error(monkeypatch):
@@ -137,16 +155,35 @@ def _onednn_linear_flops(x_shape, *args, out_shape=None, **kwargs) -> int:
 
 def _gemm_flops(run) -> int:
     """FLOPs of the matrix products (mm, addmm, oneDNN's linear: every Linear) that `run` executes, counted by
-    PyTorch."""
-    from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
+    PyTorch's flop formulas in a dispatch mode. Not `FlopCounterMode`: its module tracker registers global module
+    hooks, for which the fast paths step aside (the module contract), so it would count another decoding loop."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
 
     if hasattr(torch.ops.mkldnn, "_linear_pointwise") and torch.ops.mkldnn._linear_pointwise not in flop_registry:
         register_flop_formula(torch.ops.mkldnn._linear_pointwise)(_onednn_linear_flops)
-    with FlopCounterMode(display=False) as counter:
+    counted = [torch.ops.aten.mm, torch.ops.aten.addmm]
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        counted.append(torch.ops.mkldnn._linear_pointwise)
+
+    class Count(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func._overloadpacket not in counted:  # composite ops (linear) into the products they run
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            out = func(*args, **kwargs)
+            if func._overloadpacket in counted:
+                Count.flops += flop_registry[func._overloadpacket](*args, **kwargs, out_val=out)
+            return out
+
+    with Count():
         run()
-    counts = counter.get_flop_counts()["Global"]
-    return sum(flops for op, flops in counts.items()
-               if str(op) in ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise"))
+    return Count.flops
 
 
 def test_training_gemm_shapes_are_the_ones_the_model_runs():
@@ -183,3 +220,63 @@ def test_generation_gemm_shapes_are_the_ones_generate_runs(num_beams):
 def test_ideal_generation_time_is_positive_and_grows_with_the_beams():
     greedy = benchmark.ideal_generation_seconds("quick", 1, sentences=8, new_tokens=4, repeats=1)
     assert 0 < greedy < benchmark.ideal_generation_seconds("quick", 4, sentences=32, new_tokens=4, repeats=1) * 10
+
+
+def test_fast_path_rows_switch_one_path_off_each_then_all():
+    from vaswani.fast_paths_vaswani import FAST_PATHS
+
+    rows = benchmark.fast_path_rows()
+    assert [path for path, _, _ in rows] == [*FAST_PATHS, "all fast paths"]
+    for path, on, off in rows:
+        assert on == dict.fromkeys(FAST_PATHS, True)
+        assert [name for name in FAST_PATHS if not off[name]] == (list(FAST_PATHS) if path == "all fast paths"
+                                                                 else [path])
+    assert [path for path, _, _ in benchmark.fast_path_rows([FAST_PATHS[-1]])] == [FAST_PATHS[-1], "all fast paths"]
+    with pytest.raises(ValueError, match="unknown fast path"):
+        benchmark.fast_path_rows(["no_such_path"])
+
+
+def test_fast_paths_section_says_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vaswani.fast_paths_vaswani", None)  # an import of it now fails
+    with pytest.raises(ImportError, match="fast_paths_vaswani"):
+        benchmark.fast_path_rows()
+    with pytest.raises(ImportError, match="--fast_paths"):  # before any comparison is measured
+        benchmark.run_benchmark(["quick"], 1, 1, 1, [16, 32], "quick", fast_paths=[])
+
+
+def test_fast_path_contenders_are_copies_each_with_its_own_setting():
+    _, vaswani = benchmark.build_pair("quick", dropout=0.0)
+    as_loaded = dict(vaswani.fast_paths)
+    (path, on, off), *_ = benchmark.fast_path_rows()
+    seen = {}
+
+    def make_run(model, name):
+        def run():
+            seen.setdefault(name, []).append((id(model), dict(model.fast_paths)))
+            return 1.0
+
+        return run
+
+    rates = benchmark.compare_fast_paths(vaswani, on, off, 2, make_run)
+    assert rates == {"off": [1.0, 1.0], "on": [1.0, 1.0]}
+    assert [setting for _, setting in seen["off"]] == [off, off] and [s for _, s in seen["on"]] == [on, on]
+    assert len({model for runs in seen.values() for model, _ in runs} | {id(vaswani)}) == 3
+    assert vaswani.fast_paths == as_loaded  # the model passed in is left as it was
+
+
+def test_fast_path_table_marks_noisy_rows_and_differing_outputs():
+    def entry(name, off, on, identical=True):
+        stat = lambda low, median, high: dict(median=median, low=low, high=high)
+        return dict(name=name, unit="tokens/s", gain=on[1] / off[1], off=stat(*off), on=stat(*on),
+                    round_ratio=stat(1.0, on[1] / off[1], 1.2), rounds=3, identical_outputs=identical)
+
+    section = dict(as_loaded={"a": True}, paths=[
+        dict(path="a", switched_off=["a"], workloads=[entry("train", (95, 100, 105), (118, 120, 122)),
+                                                      entry("generate", (70, 100, 130), (99, 100, 101), False)]),
+        dict(path="all fast paths", switched_off=["a"], workloads=[entry("train", (95, 100, 105), (99, 100, 101))]),
+    ])
+    lines = benchmark.fast_path_table(section)
+    assert "| fast path | train | generate |" in lines
+    row = next(line for line in lines if line.startswith("| a |"))
+    assert row == "| a | 1.20 (per round 1.20 [1.00-1.20]) | 1.00 (per round 1.00 [1.00-1.20]) noisy outputs differ |"
+    assert next(line for line in lines if line.startswith("| all fast paths |")).endswith("| - |")

@@ -2,7 +2,6 @@
 so that a lent GPU machine's few minutes are not lost to a broken script: the package copied into a site folder
 (no build) is the one imported, both scripts' tables and JSON come out, and SDPA agrees with eager."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -10,8 +9,7 @@ import sys
 import pytest
 import torch
 
-from _processes import run_group
-from _tiny_checkpoint import REPO
+from helpers import REPO, load_script, run_group
 
 
 def test_gpu_run_kit_smoke_on_cpu(tmp_path):
@@ -37,8 +35,6 @@ def test_gpu_run_kit_smoke_on_cpu(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where there is no GPU")
 @pytest.mark.parametrize("script", ["gpu_check", "gpu_benchmark"])
 def test_gpu_scripts_say_what_is_missing_without_cuda(script):
-    spec = importlib.util.spec_from_file_location(f"{script}_script", REPO / "scripts" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script)
     with pytest.raises(SystemExit, match=r"no CUDA device here.*--device cpu"):
         module.main([])

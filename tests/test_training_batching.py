@@ -1,7 +1,7 @@
 import json
 import os
 import random
-from _processes import run_group
+from helpers import run_group
 import sys
 from pathlib import Path
 

@@ -17,7 +17,7 @@ Gradient accumulation: our model's `forward` takes `**kwargs`, so Trainer counts
 tokens of the whole accumulated batch (`num_items_in_batch`), passes the count to the model (or
 to its label smoother) and stops dividing by the accumulation steps; the model divides its summed
 loss by that count. 4 x 2 accumulated therefore gives the gradient of the full batch of 8
-(tests/test_generate_finetune_plot.py checks the weights after a step).
+(tests/test_training_finetune.py checks the weights after a step).
 """
 
 from __future__ import annotations

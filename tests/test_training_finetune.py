@@ -1,110 +1,13 @@
-"""scripts/generate.py, scripts/finetune.py, scripts/plot_attention.py and the library code under them
-(training/generation.py, training/finetune.py, training/attention_plots.py), on a tiny checkpoint.
+"""scripts/finetune.py and training/finetune.py, on a tiny checkpoint: collation, gradient accumulation with
+Seq2SeqTrainer, the metrics, the data, and the script end to end (main(argv) in-process)."""
 
-Most cases call a script's main(argv) in-process (imports cost seconds per subprocess); one runs
-generate.py as a real subprocess reading stdin.
-"""
-
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from _tiny_checkpoint import REPO, make_tiny_checkpoint, write_g2p_sample
-
-WORDS = ["TRANSFORMER", "AB", "ATTENTION", "A", "", "AACHEN", "ZYX", "ABBREVIATE", "AB"]
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def g2p_sample(tmp_path_factory):
-    return write_g2p_sample(tmp_path_factory.mktemp("g2p") / "sample.tsv", lines=300)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, g2p_sample):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), g2p_sample)
-
-
-@pytest.fixture(scope="module")
-def loaded(checkpoint):
-    from vaswani.training.generation import load_checkpoint
-
-    return load_checkpoint(checkpoint, device="cpu")
-
-
-def _one_by_one(model, tokenizer, lines, max_new_tokens=None, num_beams=1):
-    """model.generate on each line alone (no padding), greedy or beam."""
-    outputs = []
-    for line in lines:
-        if not line.strip():
-            outputs.append("")
-            continue
-        batch = tokenizer([line], return_tensors="pt")
-        limit = max_new_tokens or 2 * batch["input_ids"].shape[1] + 10
-        with torch.inference_mode():
-            ids = model.generate(**batch, max_new_tokens=limit, num_beams=num_beams, do_sample=False)
-        outputs.append(tokenizer.decode(ids[0], skip_special_tokens=True).strip())
-    return outputs
-
-
-# --- generate ---------------------------------------------------------------------------------------
-
-
-def test_generate_stdin_subprocess(checkpoint, loaded):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "generate.py"), str(checkpoint), "--batch_size", "4", "--threads", "1"],
-        input="\n".join(WORDS) + "\n", capture_output=True, text=True, env=env, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    printed = result.stdout.split("\n")
-    assert printed[-1] == "" and len(printed) - 1 == len(WORDS)
-    # default limits are per line, so batching (sorted by length, batches of 4) changes nothing
-    assert printed[:-1] == _one_by_one(*loaded, WORDS)
-
-
-def test_generate_file_input_order_and_beam(checkpoint, loaded, tmp_path, capsys):
-    generate = _load_script("generate")
-    words = WORDS * 3  # 27 lines, batches of 5 mix lengths from across the file
-    path = tmp_path / "words.txt"
-    path.write_text("\n".join(words) + "\n", encoding="utf-8")
-    common = [str(checkpoint), "--input", str(path), "--batch_size", "5", "--threads", "1", "--max_new_tokens", "8"]
-
-    generate.main(common)
-    greedy = capsys.readouterr().out.splitlines()
-    assert len(greedy) == len(words)
-    assert greedy == _one_by_one(*loaded, words, max_new_tokens=8)
-    assert greedy[4] == "" and greedy[1] == greedy[8]  # blank line stays blank; equal inputs, equal outputs
-
-    generate.main(common + ["--num_beams", "3"])
-    beam = capsys.readouterr().out.splitlines()
-    assert len(beam) == len(words)
-    assert beam == _one_by_one(*loaded, words, max_new_tokens=8, num_beams=3)
-
-
-def test_generate_missing_checkpoint_is_one_line(tmp_path):
-    generate = _load_script("generate")
-    with pytest.raises(SystemExit) as error:
-        generate.main([str(tmp_path / "no-such-run"), "--input", os.devnull, "--threads", "1"])
-    message = str(error.value.code)
-    assert message.startswith("error: checkpoint folder") and "does not exist" in message and "\n" not in message
-    with pytest.raises(SystemExit, match="has no config.json"):
-        generate.main([str(tmp_path), "--input", os.devnull, "--threads", "1"])
-
-
-# --- finetune: collation, gradient accumulation, the script ------------------------------------------
+from helpers import load_script
 
 
 def test_collator_pads_labels_with_minus_100(loaded):
@@ -177,7 +80,7 @@ def test_trainer_gradient_accumulation_equals_full_batch(loaded, tmp_path, smoot
 def test_finetune_script_end_to_end(checkpoint, g2p_sample, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    finetune = _load_script("finetune")
+    finetune = load_script("finetune")
     output_dir = tmp_path / "ft"
     trainer = finetune.main([
         "--model", str(checkpoint), "--output_dir", str(output_dir), "--g2p_file", str(g2p_sample),
@@ -215,51 +118,8 @@ def test_g2p_compute_metrics_uses_all_references(loaded):
     assert metrics == pytest.approx({"wer": 50.0, "per": 100 * 1 / 7})
 
 
-# --- plot_attention ------------------------------------------------------------------------------------
-
-
-def test_plot_attention_writes_three_pngs(checkpoint, tmp_path, capsys):
-    plot_attention = _load_script("plot_attention")
-    maps, paths = plot_attention.main([str(checkpoint), "TRANSFORMER", "--output_dir", str(tmp_path),
-                                       "--max_new_tokens", "6"])
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(p) for p in paths]
-    assert sorted(p.name for p in paths) == ["cross_attention.png", "decoder_self_attention.png",
-                                             "encoder_self_attention.png"]
-    for path in paths:
-        data = path.read_bytes()
-        assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
-
-    layers, heads = 2, 4
-    source, decoder = len(maps.source_tokens), len(maps.decoder_tokens)
-    assert maps.source_tokens[:3] == ["T", "R", "A"] and maps.source_tokens[-1] == "</s>"
-    assert maps.decoder_tokens[0] == "<s>" and maps.decoder_tokens[1:] == maps.output_tokens[:-1]
-    assert len(maps.output_tokens) == decoder <= 6
-    for kind, shape in [("encoder_self_attention", (source, source)), ("decoder_self_attention", (decoder, decoder)),
-                        ("cross_attention", (decoder, source))]:
-        weights = getattr(maps, kind)
-        assert weights.shape == (layers, heads, *shape)
-        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
-        rows, columns = maps.axes(kind)
-        assert (len(rows), len(columns)) == shape
-    # decoder self-attention is causal: nothing above the diagonal
-    assert np.abs(np.triu(maps.decoder_self_attention, k=1)).max() == 0.0
-
-
-def test_plot_attention_per_layer(loaded, tmp_path):
-    from vaswani.training.attention_plots import attention_maps, save_attention_plots
-
-    model, tokenizer = loaded
-    maps = attention_maps(model, tokenizer, "AB", max_new_tokens=3)
-    paths = save_attention_plots(maps, tmp_path, per_layer=True, prefix="ab_")
-    assert [p.name for p in paths] == [f"ab_{kind}_layer{i}.png" for kind in
-                                       ("encoder_self_attention", "decoder_self_attention", "cross_attention")
-                                       for i in range(2)]
-    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
-
-
 def test_finetune_script_on_parallel_text_reports_bleu_chrf(checkpoint, g2p_sample, tmp_path):
-    finetune = _load_script("finetune")
+    finetune = load_script("finetune")
     rows = [line.split("\t") for line in g2p_sample.read_text(encoding="utf-8").splitlines()]
     for name, part in (("train.tsv", rows[:64]), ("dev.tsv", rows[64:72])):
         (tmp_path / name).write_text("word\tphonemes\n" + "".join(f"{w}\t{p}\n" for w, p in part), encoding="utf-8")

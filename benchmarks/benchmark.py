@@ -1,4 +1,10 @@
-"""vaswani against transformers' MarianMTModel, side by side in one process, on identical weights.
+"""vaswani against transformers' MarianMTModel, side by side in one process, on identical weights; and the gain of
+each of vaswani's fast paths.
+
+    python benchmarks/benchmark.py                   # g2p and base sizes; writes benchmarks/results.{json,md,png}
+    python benchmarks/benchmark.py --sizes g2p --rounds 7
+    python benchmarks/benchmark.py --fast_paths      # also each fast path on against off (names after the flag: those)
+    python benchmarks/benchmark.py --quick           # a tiny run that checks the bookkeeping (used by the tests)
 
 Each comparison alternates the two contenders round by round (A, B, A, B, ...) so that a noisy, shared machine slows
 both alike, and reports medians with min-max, and the median (min-max) of the per-round ratios: each round's two
@@ -18,14 +24,27 @@ this machine (the "ceiling").
 
 Marian is built with random weights (and a non-zero final logits bias) and converted with `convert_marian`, so
 both models compute the same function; vaswani runs as a user gets it by default (`VaswaniForConditionalGeneration`
-as loaded: the CPU kernels of `kernels_vaswani.py` and the lean decoding loops, no option set), and both train with
-the same optimizer, torch's fused Adam (what `Trainer`'s default `adamw_torch_fused` and our training loop use).
+as loaded, with its default fast paths, no option set), and both train with the same optimizer, torch's fused Adam
+(what `Trainer`'s default `adamw_torch_fused` and our training loop use).
+
+The fast paths section (`--fast_paths`) times vaswani against vaswani, alternating in the same way: for each name
+in `vaswani.fast_paths_vaswani.FAST_PATHS`, all fast paths on against all on except that one, and all on against
+all off; on a training step (sdpa, padded) and greedy and beam-5 generate at each size. Its gain is the time without
+over the time with.
+
+This is not library code: nothing in the package imports it, and it is not installed with it.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
+import math
+import os
+import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,9 +54,7 @@ import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.kernels_vaswani import onednn_available
-
-from .convert_marian import marian_config_to_vaswani, marian_state_dict_to_vaswani
+from vaswani.training.convert_marian import marian_config_to_vaswani, marian_state_dict_to_vaswani
 
 SIZES = {
     "g2p": dict(vocab=128, d_model=256, layers=3, heads=4, ffn=1024, batch=256, source=12, target=10),
@@ -48,6 +65,11 @@ SIZES = {
 PAD, EOS, START = 0, 2, 0
 SENTENCES, NEW_TOKENS = 64, 32  # generation: sentences per call, new tokens per sentence
 GENERATION_TOKENS = SENTENCES * NEW_TOKENS
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's linear (the kernel the ceilings also time, besides MKL)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 @dataclass
@@ -69,9 +91,9 @@ def _relative_range(stat: dict) -> float:
     return (stat["high"] - stat["low"]) / stat["median"]
 
 
-def spread(comparison: dict) -> float:
+def spread(comparison: dict, contenders: tuple[str, str] = ("marian", "vaswani")) -> float:
     """The wider of the two contenders' (max - min) / median: how far a row's ratio can be trusted."""
-    return max(_relative_range(comparison[who]) for who in ("marian", "vaswani"))
+    return max(_relative_range(comparison[who]) for who in contenders)
 
 
 def _spread_of(rates: dict[str, list[float]]) -> float:
@@ -201,41 +223,51 @@ def compare_training(size: str, attn: str, padded: bool, rounds: int, steps: int
     return Comparison.of(f"train {size} {attn} {'padded' if padded else 'unpadded'}", "tokens/s", rates)
 
 
-def compare_generation(size: str, attn: str, num_beams: int, rounds: int, sentences: int = SENTENCES,
-                       new_tokens: int = NEW_TOKENS) -> Comparison:
-    marian, vaswani = build_pair(size, dropout=0.0)
+def _generation_inputs(size: str, sentences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source ids and mask for one `generate` call: lengths from half to full."""
     s = SIZES[size]
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(3, s["vocab"], (sentences, s["source"]), generator=g)
     attention_mask = torch.ones_like(input_ids)
     for row in range(1, sentences):
         attention_mask[row, int(torch.randint(s["source"] // 2, s["source"] + 1, (), generator=g)):] = 0
-    input_ids = input_ids.masked_fill(attention_mask == 0, PAD)
+    return input_ids.masked_fill(attention_mask == 0, PAD), attention_mask
+
+
+def _generate_fn(model, attn: str, num_beams: int, size: str, sentences: int, new_tokens: int,
+                 outputs: dict, name: str) -> Callable[[], float]:
+    """A timed `generate` call (tokens/s) that stores its output in `outputs[name]`, warmed up once."""
+    input_ids, attention_mask = _generation_inputs(size, sentences)
     config = GenerationConfig(
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=num_beams, do_sample=False,
         decoder_start_token_id=START, pad_token_id=PAD, eos_token_id=EOS,
     )
+    model.eval().set_attn_implementation(attn)
+
+    def run() -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            outputs[name] = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        return sentences * new_tokens / (time.perf_counter() - start)
+
+    run()  # warm-up
+    return run
+
+
+def _generation_name(size: str, attn: str, num_beams: int) -> str:
+    return f"generate {size} {attn} {'greedy' if num_beams == 1 else f'beam {num_beams}'}"
+
+
+def compare_generation(size: str, attn: str, num_beams: int, rounds: int, sentences: int = SENTENCES,
+                       new_tokens: int = NEW_TOKENS) -> Comparison:
+    marian, vaswani = build_pair(size, dropout=0.0)
     outputs = {}
-
-    def runner(name, model):
-        model.eval().set_attn_implementation(attn)
-
-        def run() -> float:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                outputs[name] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                               generation_config=config)
-            return sentences * new_tokens / (time.perf_counter() - start)
-
-        run()  # warm-up
-        return run
-
-    rates = _measure({"marian": runner("marian", marian), "vaswani": runner("vaswani", vaswani)}, rounds)
+    rates = _measure({name: _generate_fn(model, attn, num_beams, size, sentences, new_tokens, outputs, name)
+                      for name, model in (("marian", marian), ("vaswani", vaswani))}, rounds)
     same = torch.equal(outputs["marian"], outputs["vaswani"])
     if not same:
         raise AssertionError(f"generation differs between Marian and vaswani ({size}, {attn}, beams {num_beams})")
-    return Comparison.of(f"generate {size} {attn} {'greedy' if num_beams == 1 else f'beam {num_beams}'}",
-                         "tokens/s", rates, identical_outputs=same)
+    return Comparison.of(_generation_name(size, attn, num_beams), "tokens/s", rates, identical_outputs=same)
 
 
 def activation_bytes(model, batch: dict) -> int:
@@ -278,8 +310,6 @@ def growth_exponent(rows: list[dict], attn: str, key: str) -> float:
     """log2 of the memory ratio over the last doubling of source length (1.0 = linear, 2.0 = quadratic)."""
     picked = sorted((r["source_length"], r[key]) for r in rows if r["attn"] == attn)
     (n1, m1), (n2, m2) = picked[-2], picked[-1]
-    import math
-
     return math.log(m2 / m1) / math.log(n2 / n1)
 
 
@@ -388,8 +418,124 @@ def _timed(fn: Callable) -> float:
     return time.perf_counter() - start
 
 
+# The fast paths: vaswani against vaswani, all fast paths on against one (or all) of them off.
+
+ALL_FAST_PATHS = "all fast paths"  # the last row: all on against all off
+FAST_PATH_TRAINING_ATTN = "sdpa"  # the attention a user gets by default, on padded batches as the loop makes them
+FAST_PATH_CONTENDERS = ("off", "on")
+
+
+def fast_path_names() -> tuple[str, ...]:
+    """The names `model.set_fast_paths` switches (`vaswani.fast_paths_vaswani.FAST_PATHS`)."""
+    try:
+        from vaswani.fast_paths_vaswani import FAST_PATHS
+    except ImportError as error:
+        raise ImportError("the fast paths section needs `vaswani.fast_paths_vaswani.FAST_PATHS` "
+                          "(modeling/fast_paths_vaswani.py), which this vaswani lacks: run without --fast_paths"
+                          ) from error
+    return tuple(FAST_PATHS)
+
+
+def fast_path_rows(names: list[str] | None = None) -> list[tuple[str, dict[str, bool], dict[str, bool]]]:
+    """(row, setting on, setting off) for each of `names` (all of `FAST_PATHS` when empty or None): all on against
+    all on but that one; then all on against all off."""
+    every = fast_path_names()
+    unknown = [name for name in names or () if name not in every]
+    if unknown:
+        raise ValueError(f"unknown fast path(s) {unknown}; the fast paths are {list(every)}")
+    on = dict.fromkeys(every, True)
+    rows = [(name, on, {**on, name: False}) for name in names or every]
+    return rows + [(ALL_FAST_PATHS, on, dict.fromkeys(every, False))]
+
+
+@dataclass
+class Gain:
+    """One workload timed with the fast paths of `on` and of `off`; rates in tokens/s."""
+
+    path: str
+    workload: str
+    off: Stat
+    on: Stat
+    round_ratios: Stat  # on / off within each round
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, path: str, workload: str, rates: dict[str, list[float]], **extra) -> "Gain":
+        ratios = [on / off for off, on in zip(rates["off"], rates["on"])]
+        return cls(path, workload, Stat.of(rates["off"]), Stat.of(rates["on"]), Stat.of(ratios),
+                   {"rounds": len(ratios), **extra})
+
+    @property
+    def gain(self) -> float:
+        """Time without over time with (the ratio of the rates' medians)."""
+        return self.on.median / self.off.median
+
+    def as_dict(self) -> dict:
+        return dict(name=self.workload, unit="tokens/s", gain=self.gain, off=self.off.__dict__, on=self.on.__dict__,
+                    round_ratio=self.round_ratios.__dict__, **self.extra)
+
+
+def _switched(model, setting: dict[str, bool], make_run: Callable, name: str) -> Callable[[], float]:
+    """`make_run(model, name)` (which warms up) with `setting` switched on `model`; each call checks that it held."""
+    model.set_fast_paths(setting)
+    run = make_run(model, name)
+
+    def checked() -> float:
+        if model.fast_paths != setting:
+            raise RuntimeError(f"the fast paths changed during the benchmark: {model.fast_paths} instead of {setting}")
+        return run()
+
+    return checked
+
+
+def compare_fast_paths(model, on: dict[str, bool], off: dict[str, bool], rounds: int,
+                       make_run: Callable) -> dict[str, list[float]]:
+    """Alternating rounds of two copies of `model`, "off" with the setting `off` and "on" with `on`, each timing
+    `make_run(copy, its name)`."""
+    return _measure({name: _switched(copy.deepcopy(model), setting, make_run, name)
+                     for name, setting in (("off", off), ("on", on))}, rounds)
+
+
+def run_fast_paths(sizes: list[str], names: list[str] | None, rounds: int, steps: int, generation_rounds: int,
+                   log: Callable = print) -> dict:
+    """The gain of each fast path (and of all of them) on a training step and on greedy and beam-5 generate."""
+    rows = fast_path_rows(names)
+    gains: list[Gain] = []
+    as_loaded = None
+    for size in sizes:
+        trained, generating = build_pair(size)[1], build_pair(size, dropout=0.0)[1]
+        as_loaded = dict(trained.fast_paths)
+        trained.set_attn_implementation(FAST_PATH_TRAINING_ATTN)
+        batch = make_batch(size, padded=True)
+        workload = f"train {size} {FAST_PATH_TRAINING_ATTN} padded"
+        for path, on, off in rows:
+            rates = compare_fast_paths(trained, on, off, rounds, lambda model, _: _train_step_fn(model, batch, steps))
+            gains.append(Gain.of(path, workload, rates))
+            log(format_gain(gains[-1]))
+        for beams in (1, 5):
+            workload = _generation_name(size, "sdpa", beams)
+            for path, on, off in rows:
+                outputs = {}
+                rates = compare_fast_paths(generating, on, off, generation_rounds, lambda model, name: _generate_fn(
+                    model, "sdpa", beams, size, SENTENCES, NEW_TOKENS, outputs, name))
+                gains.append(Gain.of(path, workload, rates,
+                                     identical_outputs=torch.equal(outputs["off"], outputs["on"])))
+                log(format_gain(gains[-1]))
+    return {
+        "as_loaded": as_loaded,
+        "paths": [dict(path=path, switched_off=[name for name, value in off.items() if not value],
+                       workloads=[g.as_dict() for g in gains if g.path == path])
+                  for path, _, off in rows],
+    }
+
+
 def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: int, memory_lengths: list[int],
-                  memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = print) -> dict:
+                  memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = print,
+                  fast_paths: list[str] | None = None) -> dict:
+    """The comparisons with Marian, the ceilings, the memory rows; and with `fast_paths` (a list of names, empty for
+    all), the fast paths section."""
+    if fast_paths is not None:
+        fast_path_rows(fast_paths)  # a missing module or an unknown name fails now, not after the comparisons
     peak_size = 512 if "quick" in sizes else 2048
     peaks = [matmul_peak_gflops(peak_size)]  # measured again at the end: a busy moment must not set the peak
     log(f"fp32 matmul peak: {peaks[0]:.1f} GFLOP/s on {torch.get_num_threads()} threads")
@@ -440,7 +586,7 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
         log(f"memory {memory_size} {attn}: " + ", ".join(
             f"{r['source_length']}: Marian {r['marian_mib']:.0f} / vaswani {r['vaswani_mib']:.0f} MiB"
             for r in memory if r["attn"] == attn))
-    return {
+    results = {
         "machine": {**machine_description(peak), "matmul_peak_gflops_start_end": peaks},
         "comparisons": [
             dict(name=c.name, unit=c.unit, ratio=c.ratio, marian=c.marian.__dict__, vaswani=c.vaswani.__dict__,
@@ -454,12 +600,12 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
             for attn in ("eager", "sdpa") for who in ("marian", "vaswani")
         },
     }
+    if fast_paths is not None:
+        results["fast_paths"] = run_fast_paths(sizes, fast_paths, rounds, steps, generation_rounds, log)
+    return results
 
 
 def machine_description(peak_gflops: float) -> dict:
-    import os
-    import platform
-
     model_name = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -472,8 +618,8 @@ def machine_description(peak_gflops: float) -> dict:
                 matmul_peak_gflops=peak_gflops)
 
 
-def _spread_note(comparison: dict) -> str:
-    s = spread(comparison)
+def _spread_note(comparison: dict, contenders: tuple[str, str] = ("marian", "vaswani")) -> str:
+    s = spread(comparison, contenders)
     return f"{s:.0%}" + (" (noisy: rerun)" if s > NOISY_SPREAD else "")
 
 
@@ -488,6 +634,37 @@ def format_row(c: Comparison) -> str:
     return (f"{c.name:<34} Marian {c.marian.median:>9.0f} [{c.marian.low:.0f}-{c.marian.high:.0f}]  "
             f"vaswani {c.vaswani.median:>9.0f} [{c.vaswani.low:.0f}-{c.vaswani.high:.0f}] {c.unit}  "
             f"x{c.ratio:.2f}  per round x{_round_ratio_note(as_dict)}  spread {_spread_note(as_dict)}")
+
+
+def format_gain(g: Gain) -> str:
+    entry = g.as_dict()
+    return (f"{g.path:<24} {g.workload:<28} off {g.off.median:>9.0f} [{g.off.low:.0f}-{g.off.high:.0f}]  "
+            f"on {g.on.median:>9.0f} [{g.on.low:.0f}-{g.on.high:.0f}] tokens/s  gain x{g.gain:.2f}  "
+            f"per round x{_round_ratio_note(entry)}  spread {_spread_note(entry, FAST_PATH_CONTENDERS)}")
+
+
+def _gain_cell(entry: dict) -> str:
+    """Gain (per round: median [min-max]), marked when the rounds spread too much or the outputs differ."""
+    r = entry["round_ratio"]
+    cell = f"{entry['gain']:.2f} (per round {r['median']:.2f} [{r['low']:.2f}-{r['high']:.2f}])"
+    if spread(entry, FAST_PATH_CONTENDERS) > NOISY_SPREAD:
+        cell += " noisy"
+    if entry.get("identical_outputs") is False:
+        cell += " outputs differ"
+    return cell
+
+
+def fast_path_table(section: dict) -> list[str]:
+    """The fast paths section as markdown: one row per path, one column per workload."""
+    workloads = list(dict.fromkeys(w["name"] for row in section["paths"] for w in row["workloads"]))
+    lines = ["Fast paths: gain = time without / time with, from the medians of the rounds (per round: median [min-max] "
+             "of each round's ratio); each row is all fast paths on against all on but that one, the last all on "
+             f"against all off; noisy: rounds spread more than {NOISY_SPREAD:.0%}, rerun.", "",
+             "| fast path | " + " | ".join(workloads) + " |", "|---" * (len(workloads) + 1) + "|"]
+    for row in section["paths"]:
+        cells = {w["name"]: _gain_cell(w) for w in row["workloads"]}
+        lines.append(f"| {row['path']} | " + " | ".join(cells.get(name, "-") for name in workloads) + " |")
+    return lines
 
 
 def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
@@ -517,6 +694,8 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
                   "ceiling: Marian / GEMMs alone |", "|---|---|---|---|---|"]
         lines += [f"| {name} | {ideal:.3f} | {marian:.3f} | {mine:.3f} | {marian / ideal:.2f} |"
                   for name, ideal, marian, mine in ceilings]
+    if "fast_paths" in results:
+        lines += ["", *fast_path_table(results["fast_paths"])]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
@@ -540,3 +719,34 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
     fig.savefig(out / "results.png", dpi=110)
     plt.close(fig)
     return [out / "results.json", out / "results.md", out / "results.png"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["g2p", "base"], choices=["g2p", "base"])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating A/B rounds per measurement")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    parser.add_argument("--generation_rounds", type=int, default=5)
+    parser.add_argument("--memory_lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--memory_size", default="g2p", choices=["g2p", "base"])
+    parser.add_argument("--fast_paths", nargs="*", metavar="NAME",
+                        help="also time each fast path on against off: the ones named, or all when none is")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--output_dir", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and one round, fast paths included: "
+                        "checks, not speed")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.sizes, args.rounds, args.steps, args.generation_rounds = ["quick"], 1, 1, 1
+        args.memory_lengths, args.memory_size = [16, 32], "quick"
+        args.fast_paths = args.fast_paths or []
+    results = run_benchmark(args.sizes, args.rounds, args.steps, args.generation_rounds, args.memory_lengths,
+                            args.memory_size, fast_paths=args.fast_paths)
+    for path in write_outputs(results, args.output_dir):
+        print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

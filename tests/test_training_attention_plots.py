@@ -1,0 +1,45 @@
+"""scripts/plot_attention.py and training/attention_plots.py, on a tiny checkpoint."""
+
+import numpy as np
+
+from helpers import load_script
+
+
+def test_plot_attention_writes_three_pngs(checkpoint, tmp_path, capsys):
+    plot_attention = load_script("plot_attention")
+    maps, paths = plot_attention.main([str(checkpoint), "TRANSFORMER", "--output_dir", str(tmp_path),
+                                       "--max_new_tokens", "6"])
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(p) for p in paths]
+    assert sorted(p.name for p in paths) == ["cross_attention.png", "decoder_self_attention.png",
+                                             "encoder_self_attention.png"]
+    for path in paths:
+        data = path.read_bytes()
+        assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+    layers, heads = 2, 4
+    source, decoder = len(maps.source_tokens), len(maps.decoder_tokens)
+    assert maps.source_tokens[:3] == ["T", "R", "A"] and maps.source_tokens[-1] == "</s>"
+    assert maps.decoder_tokens[0] == "<s>" and maps.decoder_tokens[1:] == maps.output_tokens[:-1]
+    assert len(maps.output_tokens) == decoder <= 6
+    for kind, shape in [("encoder_self_attention", (source, source)), ("decoder_self_attention", (decoder, decoder)),
+                        ("cross_attention", (decoder, source))]:
+        weights = getattr(maps, kind)
+        assert weights.shape == (layers, heads, *shape)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        rows, columns = maps.axes(kind)
+        assert (len(rows), len(columns)) == shape
+    # decoder self-attention is causal: nothing above the diagonal
+    assert np.abs(np.triu(maps.decoder_self_attention, k=1)).max() == 0.0
+
+
+def test_plot_attention_per_layer(loaded, tmp_path):
+    from vaswani.training.attention_plots import attention_maps, save_attention_plots
+
+    model, tokenizer = loaded
+    maps = attention_maps(model, tokenizer, "AB", max_new_tokens=3)
+    paths = save_attention_plots(maps, tmp_path, per_layer=True, prefix="ab_")
+    assert [p.name for p in paths] == [f"ab_{kind}_layer{i}.png" for kind in
+                                       ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+                                       for i in range(2)]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
