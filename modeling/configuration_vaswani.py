@@ -31,6 +31,21 @@ PRESETS = {
         decoder_ffn_dim=1024,
         max_position_embeddings=64,
     ),
+    # The default G2P model of scripts/train.py and scripts/main_job.sh: the g2p layers at half the width, no
+    # dropout (a run within a short CPU budget sees too few epochs to overfit), label smoothing 0.1.
+    "g2p-small": dict(
+        vocab_size=128,
+        d_model=128,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=512,
+        decoder_ffn_dim=512,
+        max_position_embeddings=64,
+        dropout=0.0,
+        label_smoothing=0.1,
+    ),
     # For tests: runs in milliseconds.
     "tiny": dict(
         vocab_size=100,
@@ -62,7 +77,7 @@ class VaswaniConfig(PreTrainedConfig):
     - `label_smoothing`: applied by the model's loss when `labels` are given.
     - `init_std`: standard deviation of the embedding init; `None` means d_model ** -0.5.
 
-    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "tiny", **overrides)`.
+    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "tiny", **overrides)`.
     """
 
     model_type = "vaswani"

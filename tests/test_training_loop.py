@@ -19,8 +19,7 @@ from unittest import mock
 
 import pytest
 import torch
-from _clean_interpreter import REFUSE_VASWANI
-from _processes import run_group
+from helpers import REFUSE_VASWANI, run_group
 from safetensors.torch import load_file
 
 from vaswani.training import cli
@@ -72,8 +71,8 @@ def test_end_to_end_output_folder(trained):
     out, result = trained
     files = {p.name for p in out.iterdir()}
     for name in ("config.json", "generation_config.json", "model.safetensors", "configuration_vaswani.py",
-                 "modeling_vaswani.py", "positions_vaswani.py", "decoding_vaswani.py", "kernels_vaswani.py",
-                 "tokenization_vaswani.py",
+                 "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py", "decoding_vaswani.py",
+                 "onednn_vaswani.py", "tokenization_vaswani.py",
                  "spm.model", "tokenizer_config.json", "README.md", "metrics.json", "train_log.jsonl", "runs", "checkpoints"):
         assert name in files, (name, files)
     assert list((out / "runs").glob("events.out.tfevents.*"))
@@ -182,8 +181,8 @@ def test_push_sends_exactly_the_model_files(trained, monkeypatch):
     create_repo.assert_called_once()
     assert sent["repo_id"] == "someone/vaswani-g2p-test" and url.endswith("/commit/0")
     expected = ["README.md", "config.json", "configuration_vaswani.py", "decoding_vaswani.py",
-                "generation_config.json", "kernels_vaswani.py", "metrics.json",
-                "model.safetensors", "modeling_vaswani.py", "positions_vaswani.py", "spm.model",
+                "fast_paths_vaswani.py", "generation_config.json", "metrics.json",
+                "model.safetensors", "modeling_vaswani.py", "onednn_vaswani.py", "positions_vaswani.py", "spm.model",
                 "tokenization_vaswani.py", "tokenizer_config.json"]
     assert sent["paths"] == expected == hub_files(out)
     assert attempts == []
@@ -398,6 +397,30 @@ def test_parse_overrides():
                                "activation_function=gelu,dropout=0.25") == {
         "d_model": 128, "encoder_layers": 2, "normalize_before": True, "init_std": None,
         "activation_function": "gelu", "dropout": 0.25}
+
+
+def test_default_model_is_the_g2p_small_preset():
+    """train.py without arguments builds the named preset (the main job's model) with nothing over it."""
+    from vaswani import VaswaniConfig
+    from vaswani.training.tasks import G2P_VOCAB_SIZE
+
+    args = cli.parse_args([])
+    assert args.task == "g2p" and args.preset == "g2p-small" and args.overrides == {}
+    config = cli.build_config(args, G2P_VOCAB_SIZE)
+    assert config.to_dict() == VaswaniConfig.from_preset("g2p-small", vocab_size=G2P_VOCAB_SIZE).to_dict()
+    assert (config.d_model, config.encoder_layers, config.encoder_ffn_dim, config.decoder_ffn_dim) == (128, 3, 512, 512)
+    assert config.dropout == 0.0 and config.label_smoothing == 0.1
+
+
+def test_flag_defaults_are_the_settings_defaults_except_the_task_recipe():
+    from vaswani.training.loop import TrainingSettings
+
+    for task, argv in (("g2p", []), ("translation", ["--task", "translation"])):
+        settings = vars(cli.make_settings(cli.parse_args(argv)))
+        plain = vars(TrainingSettings(output_dir="outputs/g2p"))
+        recipe = {k: v for k, v in cli.TASK_DEFAULTS[task].items() if k in plain}
+        assert settings == {**plain, **recipe}, task
+        assert recipe.keys() == cli.TASK_DEFAULTS[task].keys() - {"preset"}
 
 
 def test_words_shown_after_g2p_training_are_not_in_the_training_file():

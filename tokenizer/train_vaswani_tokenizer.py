@@ -103,7 +103,23 @@ def train_tokenizer(
     sentences = list(read_corpus(inputs, columns, spell_source))
     if not sentences:
         raise TokenizerTrainingError(f"the corpus is empty: no non-blank lines in {', '.join(map(str, inputs))}")
+    _check_room(vocab_size, byte_fallback, user_defined_symbols)
 
+    model = _train_piece_model(sentences, model_type, vocab_size, character_coverage=character_coverage,
+                               byte_fallback=byte_fallback, user_defined_symbols=user_defined_symbols,
+                               normalization=normalization, seed=seed, num_threads=num_threads)
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = os.path.join(tmp, VaswaniTokenizer.vocab_files_names["vocab_file"])
+        with open(model_file, "wb") as f:
+            f.write(model)
+        tokenizer = VaswaniTokenizer(vocab_file=model_file, spell_source=spell_source)
+        tokenizer.save_pretrained(output_dir)
+    return VaswaniTokenizer.from_pretrained(output_dir)
+
+
+def _check_room(vocab_size: int, byte_fallback: bool, user_defined_symbols: list[str]) -> None:
+    """Raises TokenizerTrainingError when the reserved ids leave no room for learned pieces."""
     reserved = len(SPECIAL_TOKENS) + len(user_defined_symbols) + (256 if byte_fallback else 0)
     if vocab_size <= reserved:
         raise TokenizerTrainingError(
@@ -113,6 +129,11 @@ def train_tokenizer(
             + f" already take {reserved} ids"
         )
 
+
+def _train_piece_model(sentences: list[str], model_type: str, vocab_size: int, *, character_coverage: float,
+                       byte_fallback: bool, user_defined_symbols: list[str], normalization: str, seed: int,
+                       num_threads: int) -> bytes:
+    """The serialized SentencePiece model of `sentences`, with our special tokens at their fixed ids."""
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
@@ -145,15 +166,7 @@ def train_tokenizer(
     trained = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
     if trained != vocab_size:  # the char model stops at the corpus' alphabet instead of failing
         raise TokenizerTrainingError(_too_high(vocab_size, model_type, trained))
-
-    os.makedirs(output_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_file = os.path.join(tmp, VaswaniTokenizer.vocab_files_names["vocab_file"])
-        with open(model_file, "wb") as f:
-            f.write(model.getvalue())
-        tokenizer = VaswaniTokenizer(vocab_file=model_file, spell_source=spell_source)
-        tokenizer.save_pretrained(output_dir)
-    return VaswaniTokenizer.from_pretrained(output_dir)
+    return model.getvalue()
 
 
 def _explain_sentencepiece_error(message: str, vocab_size: int, model_type: str) -> str:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_DIR = "checkpoints"  # under a run's output_dir: its checkpoints, config and tokenizer
+BEST_DIR = "best"  # under CHECKPOINT_DIR: the best weights so far (`save_pretrained`), kept by the loop
 MARKER = "vaswani_state.json"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^checkpoint-(\d+)$")

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
+from vaswani import PRESETS
+
+from .checkpoints import CHECKPOINT_DIR
 from .data import DEFAULT_DEV_PERCENT
-from .loop import CHECKPOINT_DIR, TrainingSettings, settings_dict
+from .loop import TrainingSettings, settings_dict
 from .time_budget import Deadline, parse_duration
 
 logger = logging.getLogger(__name__)
@@ -23,16 +26,20 @@ logger = logging.getLogger(__name__)
 # Words that are not in the shipped training file (checked by tests/test_training_loop.py), shown after G2P training.
 G2P_NEW_WORDS = ["VASWANI", "HUGGINGFACE", "TOKENIZER", "PYTORCH", "SMARTPHONE", "SELFIE", "PODCAST", "WIKIPEDIA"]
 
-# Defaults of the main job (2-core CPU, 15 minutes): see the README for the measured figures.
-DEFAULTS = {
-    # d_model 128 (FFN 512) instead of the preset's 256, no dropout: on 2 CPU cores the run sees ~3 epochs in
-    # 15 minutes, too few to overfit; beam 4 costs ~20 s on the 5.4k dev words at the end.
-    "g2p": dict(preset="g2p", config_overrides="d_model=128,encoder_ffn_dim=512,decoder_ffn_dim=512,dropout=0.0",
-                max_tokens=1500, lr=2e-3, warmup_steps=400, eval_every=300, save_every=600, max_steps=30000,
-                num_beams=4, ema_decay=0.998),
-    "translation": dict(preset="base", config_overrides="", max_tokens=4096, lr=7e-4, warmup_steps=4000,
-                        eval_every=1000, save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0),
+# The recipe of each task: the defaults of the flags that differ by task. The model is a preset of the config
+# (for g2p the main job's, scripts/main_job.sh); every other flag defaults to its TrainingSettings field.
+TASK_DEFAULTS = {
+    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=400, eval_every=300, save_every=600,
+                max_steps=30000, num_beams=4, ema_decay=0.998),
+    "translation": dict(preset="base", max_tokens=4096, lr=7e-4, warmup_steps=4000, eval_every=1000,
+                        save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0),
 }
+_SETTING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
+
+
+def _by_task(name: str) -> str:
+    """"default: 1500 for g2p, 4096 for translation": the help text of a flag whose default is in TASK_DEFAULTS."""
+    return "default: " + ", ".join(f"{recipe[name]} for {task}" for task, recipe in TASK_DEFAULTS.items())
 
 
 def parse_overrides(text: str) -> dict:
@@ -58,13 +65,26 @@ def parse_overrides(text: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The flags of train.py; those left None are filled from TASK_DEFAULTS by `parse_args`."""
     p = argparse.ArgumentParser(
         prog="train.py",
         description="Train a vaswani encoder-decoder Transformer. With no arguments: the default grapheme-to-phoneme "
                     "model on the shipped CMUdict split. Under `torchrun`/`accelerate launch` it trains data-parallel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    d = p.add_argument_group("data")
+    _add_data_arguments(p.add_argument_group("data"))
+    _add_model_arguments(p.add_argument_group("model (the config is the single source of truth)"))
+    _add_training_arguments(p.add_argument_group("training"))
+    _add_evaluation_arguments(p.add_argument_group("evaluation, checkpoints, logging"))
+    h = p.add_argument_group("hub")
+    h.add_argument("--push_to_hub", action="store_true", help="upload the model folder (needs --hub_model_id)")
+    h.add_argument("--hub_model_id", help="e.g. your-name/vaswani-g2p")
+    h.add_argument("--hub_private", action="store_true")
+    h.add_argument("--license", default="apache-2.0", help="license of the trained model (model card)")
+    return p
+
+
+def _add_data_arguments(d) -> None:
     d.add_argument("--task", choices=("g2p", "translation"), default=None,
                    help="g2p (WORD<TAB>PHONEMES files, WER/PER) or translation (any text pairs, BLEU/chrF); "
                         "default: g2p without --train_file, translation with it")
@@ -79,52 +99,59 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tokenizer_vocab_size", type=int, help="vocabulary of a newly trained tokenizer "
                                                             "(default: every symbol for g2p, 8000 otherwise)")
     d.add_argument("--tokenizer_model_type", choices=("unigram", "bpe", "char", "word"))
-    m = p.add_argument_group("model (the config is the single source of truth)")
-    m.add_argument("--preset", choices=("tiny", "g2p", "base", "big"), help="config preset (default: g2p or base)")
-    m.add_argument("--config_overrides", default=None, help="config fields, e.g. d_model=128,encoder_layers=2,dropout=0.2")
+
+
+def _add_model_arguments(m) -> None:
+    m.add_argument("--preset", choices=sorted(PRESETS), help=f"config preset ({_by_task('preset')})")
+    m.add_argument("--config_overrides", default="", help="config fields over the preset's, e.g. "
+                                                          "d_model=128,encoder_layers=2,dropout=0.2")
     m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
     m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"))
-    t = p.add_argument_group("training")
+
+
+def _add_training_arguments(t) -> None:
     t.add_argument("--output_dir", default="outputs/g2p", help="checkpoints, logs and the final model folder")
-    t.add_argument("--max_steps", type=int, help="optimizer updates (default: 30000 g2p, 100000 translation)")
+    t.add_argument("--max_steps", type=int, help=f"optimizer updates ({_by_task('max_steps')})")
     t.add_argument("--max_epochs", type=int)
     t.add_argument("--time_budget", help="wall-clock limit including the final evaluation, e.g. 15m, 1h30m, 900")
     t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in output_dir")
-    t.add_argument("--max_tokens", type=int, help="padded tokens per micro-batch and process (default: 1500 g2p)")
-    t.add_argument("--grad_accum", type=int, default=1)
-    t.add_argument("--lr", type=float, help="peak learning rate after warmup (inverse square root decay after)")
-    t.add_argument("--warmup_steps", type=int)
-    t.add_argument("--weight_decay", type=float, default=0.0)
-    t.add_argument("--clip_norm", type=float, default=1.0, help="gradient norm clipping; 0 disables")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max_tokens", type=int,
+                   help=f"padded tokens per micro-batch and process ({_by_task('max_tokens')})")
+    t.add_argument("--grad_accum", type=int, default=_SETTING_DEFAULTS["grad_accum"])
+    t.add_argument("--lr", type=float, help="peak learning rate after warmup (inverse square root decay after; "
+                                            f"{_by_task('lr')})")
+    t.add_argument("--warmup_steps", type=int, help=_by_task("warmup_steps"))
+    t.add_argument("--weight_decay", type=float, default=_SETTING_DEFAULTS["weight_decay"])
+    t.add_argument("--clip_norm", type=float, default=_SETTING_DEFAULTS["clip_norm"],
+                   help="gradient norm clipping; 0 disables")
+    t.add_argument("--seed", type=int, default=_SETTING_DEFAULTS["seed"])
     t.add_argument("--ema_decay", type=float, help="evaluate, keep and export an exponential moving average of the "
                                                    "weights with this decay (warmed up); 0: the raw weights "
-                                                   "(default: 0.998 g2p, 0 translation)")
-    t.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
+                                                   f"({_by_task('ema_decay')})")
+    t.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=_SETTING_DEFAULTS["mixed_precision"])
     t.add_argument("--cpu", action="store_true", help="force CPU (multi-process CPU runs need it, set by default "
                                                       "when no GPU is present)")
-    e = p.add_argument_group("evaluation, checkpoints, logging")
-    e.add_argument("--eval_every", type=int, help="updates between evaluations (0: only at the end)")
-    e.add_argument("--eval_subset", type=int, default=500, help="dev sources used during training (0: all); the "
-                                                                 "final evaluation uses all")
-    e.add_argument("--eval_batch_size", type=int, default=512, help="sources per generate call")
+
+
+def _add_evaluation_arguments(e) -> None:
+    e.add_argument("--eval_every", type=int, help=f"updates between evaluations (0: only at the end; "
+                                                  f"{_by_task('eval_every')})")
+    e.add_argument("--eval_subset", type=int, default=_SETTING_DEFAULTS["eval_subset"],
+                   help="dev sources used during training (0: all); the final evaluation uses all")
+    e.add_argument("--eval_batch_size", type=int, default=_SETTING_DEFAULTS["eval_batch_size"],
+                   help="sources per generate call")
     e.add_argument("--num_beams", type=int, help="beam size of the final evaluation and the saved generation "
-                                                "config (default 4)")
-    e.add_argument("--save_every", type=int, help="updates between checkpoints (0: only at the end)")
-    e.add_argument("--keep_last", type=int, default=2, help="checkpoints kept")
-    e.add_argument("--average_last", type=int, default=1, help="export the mean of the weights of the last K "
-                                                               "checkpoints instead of the best one (the paper's "
-                                                               "checkpoint averaging; needs --keep_last >= K)")
-    e.add_argument("--log_every", type=int, default=20)
+                                                f"config ({_by_task('num_beams')})")
+    e.add_argument("--save_every", type=int, help=f"updates between checkpoints (0: only at the end; "
+                                                  f"{_by_task('save_every')})")
+    e.add_argument("--keep_last", type=int, default=_SETTING_DEFAULTS["keep_last"], help="checkpoints kept")
+    e.add_argument("--average_last", type=int, default=_SETTING_DEFAULTS["average_last"],
+                   help="export the mean of the weights of the last K checkpoints instead of the best one (the "
+                        "paper's checkpoint averaging; needs --keep_last >= K)")
+    e.add_argument("--log_every", type=int, default=_SETTING_DEFAULTS["log_every"])
     e.add_argument("--no_progress_bar", action="store_true")
     e.add_argument("--no_tensorboard", action="store_true")
     e.add_argument("--show", nargs="*", help="sources to translate at the end (default for g2p: a few new words)")
-    h = p.add_argument_group("hub")
-    h.add_argument("--push_to_hub", action="store_true", help="upload the model folder (needs --hub_model_id)")
-    h.add_argument("--hub_model_id", help="e.g. your-name/vaswani-g2p")
-    h.add_argument("--hub_private", action="store_true")
-    h.add_argument("--license", default="apache-2.0", help="license of the trained model (model card)")
-    return p
 
 
 def _check_args(parser: argparse.ArgumentParser, args) -> None:
@@ -164,10 +191,7 @@ def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.task = args.task or ("translation" if args.train_file else "g2p")
-    defaults = dict(DEFAULTS[args.task])
-    if args.preset is not None:  # the default overrides belong to the default preset
-        defaults["config_overrides"] = ""
-    for key, value in defaults.items():
+    for key, value in TASK_DEFAULTS[args.task].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     _check_args(parser, args)
@@ -175,16 +199,10 @@ def parse_args(argv=None):
 
 
 def make_settings(args) -> TrainingSettings:
-    return TrainingSettings(
-        output_dir=args.output_dir, max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget,
-        max_tokens=args.max_tokens, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        grad_accum=args.grad_accum, clip_norm=args.clip_norm, eval_every=args.eval_every, eval_subset=args.eval_subset,
-        eval_batch_size=args.eval_batch_size, num_beams=args.num_beams, save_every=args.save_every,
-        keep_last=args.keep_last, log_every=args.log_every, seed=args.seed, mixed_precision=args.mixed_precision,
-        cpu=args.cpu, resume=args.resume, attn_implementation=args.attn_implementation, ema_decay=args.ema_decay,
-        average_last=args.average_last,
-        progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard,
-    )
+    """The TrainingSettings of parsed train.py arguments (a flag and its field share the name)."""
+    given = {name: getattr(args, name) for name in _SETTING_DEFAULTS if hasattr(args, name)}
+    given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard)
+    return TrainingSettings(**given)
 
 
 def _config_for_comparison(config) -> dict:
@@ -254,74 +272,29 @@ def main(argv=None) -> dict:
     """Run training as `scripts/train.py` does; returns the metrics written to `<output_dir>/metrics.json`."""
     args = parse_args(argv)
     deadline = Deadline(args.time_budget) if args.time_budget is not None else None  # counts data and tokenizer too
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "datasets", "huggingface_hub", "accelerate"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor": tied weights, harmless
+    _configure_logging()
     settings = make_settings(args)
     settings.validate()
 
-    import torch
-
-    from vaswani import VaswaniConfig, VaswaniTokenizer
-
     from .loop import make_accelerator, train
     from .model_card import check_metadata
-    from .tasks import build_tokenizer, load_task_data
+    from .tasks import load_task_data
 
     check_metadata(args.license, "text2text-generation")
     accelerator = make_accelerator(settings)
-    main_process = accelerator.is_main_process
-    output_dir = Path(args.output_dir)
-    state_dir = output_dir / CHECKPOINT_DIR
     try:
         data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column,
                               args.target_column, args.dev_percent)
     except ValueError as error:
         raise SystemExit(f"train.py: error: {error}") from None
     accelerator.print(data.description)
-
-    # The tokenizer: given, saved by the run being resumed, or trained now (once, on the main process).
-    saved_tokenizer = state_dir / "tokenizer"
-    if args.tokenizer:
-        tokenizer_dir = Path(args.tokenizer)
-    elif args.resume and (saved_tokenizer / "tokenizer_config.json").is_file():
-        tokenizer_dir = saved_tokenizer
-    else:
-        tokenizer_dir = saved_tokenizer
-        if main_process:
-            if any(state_dir.glob("checkpoint-*")) and not args.resume:
-                raise SystemExit(f"train.py: error: {state_dir} already holds checkpoints; pass --resume to continue "
-                                 "that run, or choose another --output_dir")
-            build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
-    accelerator.wait_for_everyone()
-    tokenizer = VaswaniTokenizer.from_pretrained(tokenizer_dir)
-
-    try:
-        config = VaswaniConfig.from_preset(args.preset, **{**args.overrides, "vocab_size": len(tokenizer),
-                                                           "label_smoothing": args.label_smoothing})
-    except (TypeError, ValueError) as error:
-        raise SystemExit(f"train.py: error: bad model config: {error}") from None
-    saved_config = state_dir / "config.json"
-    if args.resume and saved_config.is_file():
-        before = _config_for_comparison(VaswaniConfig.from_pretrained(state_dir))
-        if before != _config_for_comparison(config):
-            changed = sorted(k for k in set(before) | set(_config_for_comparison(config))
-                             if before.get(k) != _config_for_comparison(config).get(k))
-            raise SystemExit(f"train.py: error: --resume with a different model config ({', '.join(changed)}); "
-                             "use the same --preset/--config_overrides as the run being resumed")
-    if main_process:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        config.save_pretrained(state_dir)
-        (output_dir / "training_args.json").write_text(json.dumps(vars(args), indent=1, default=str), encoding="utf-8")
-    accelerator.print(f"model: preset {args.preset}, {json.dumps(args.overrides)}; vocab {len(tokenizer)}; "
-                      f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, "
-                      f"{torch.get_num_threads()} thread(s) each")
+    tokenizer = _run_tokenizer(args, data, accelerator)
+    config = _run_config(args, tokenizer, accelerator)
 
     result = train(config, tokenizer, data, settings, accelerator, deadline=deadline)
 
     metrics = {}
-    if main_process:
+    if accelerator.is_main_process:
         metrics = export_run(args, settings, data, tokenizer, result, accelerator.num_processes,
                              accelerator.device.type)
     accelerator.wait_for_everyone()
@@ -329,12 +302,73 @@ def main(argv=None) -> dict:
     return metrics
 
 
-def average_main(argv=None) -> dict:
-    """`scripts/average_checkpoints.py`: the end product of a finished run, from the mean of its last K checkpoints.
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "datasets", "huggingface_hub", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor": tied weights, harmless
 
-    The run's own settings (training_args.json), data, tokenizer and generation config; only the weights differ.
-    Writes a new Hub-ready folder (never the run's own) and returns its metrics.
-    """
+
+def _run_tokenizer(args, data, accelerator):
+    """The run's tokenizer: given, saved by the run being resumed, or trained now (once, on the main process)."""
+    from vaswani import VaswaniTokenizer
+
+    from .tasks import build_tokenizer
+
+    state_dir = Path(args.output_dir) / CHECKPOINT_DIR
+    saved_tokenizer = state_dir / "tokenizer"
+    if args.tokenizer:
+        tokenizer_dir = Path(args.tokenizer)
+    elif args.resume and (saved_tokenizer / "tokenizer_config.json").is_file():
+        tokenizer_dir = saved_tokenizer
+    else:
+        tokenizer_dir = saved_tokenizer
+        if accelerator.is_main_process:
+            if any(state_dir.glob("checkpoint-*")) and not args.resume:
+                raise SystemExit(f"train.py: error: {state_dir} already holds checkpoints; pass --resume to continue "
+                                 "that run, or choose another --output_dir")
+            build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
+    accelerator.wait_for_everyone()
+    return VaswaniTokenizer.from_pretrained(tokenizer_dir)
+
+
+def build_config(args, vocab_size: int):
+    """The model config of parsed train.py arguments: the preset, the overrides, the label smoothing, the vocabulary."""
+    from vaswani import VaswaniConfig
+
+    return VaswaniConfig.from_preset(args.preset, **{**args.overrides, "vocab_size": vocab_size,
+                                                     "label_smoothing": args.label_smoothing})
+
+
+def _run_config(args, tokenizer, accelerator):
+    """The run's model config, checked against the one saved by the run being resumed, and saved (main process)."""
+    import torch
+
+    from vaswani import VaswaniConfig
+
+    output_dir = Path(args.output_dir)
+    state_dir = output_dir / CHECKPOINT_DIR
+    try:
+        config = build_config(args, len(tokenizer))
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"train.py: error: bad model config: {error}") from None
+    if args.resume and (state_dir / "config.json").is_file():
+        before, now = _config_for_comparison(VaswaniConfig.from_pretrained(state_dir)), _config_for_comparison(config)
+        if before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise SystemExit(f"train.py: error: --resume with a different model config ({', '.join(changed)}); "
+                             "use the same --preset/--config_overrides as the run being resumed")
+    if accelerator.is_main_process:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(state_dir)
+        (output_dir / "training_args.json").write_text(json.dumps(vars(args), indent=1, default=str), encoding="utf-8")
+    accelerator.print(f"model: preset {args.preset}, {json.dumps(args.overrides)}; vocab {len(tokenizer)}; "
+                      f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, "
+                      f"{torch.get_num_threads()} thread(s) each")
+    return config
+
+
+def _average_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="average_checkpoints.py",
         description="Average the weights of the last K checkpoints of a finished train.py run, evaluate the average "
@@ -346,6 +380,16 @@ def average_main(argv=None) -> dict:
     parser.add_argument("--push_to_hub", action="store_true")
     parser.add_argument("--hub_model_id")
     parser.add_argument("--hub_private", action="store_true")
+    return parser
+
+
+def average_main(argv=None) -> dict:
+    """`scripts/average_checkpoints.py`: the end product of a finished run, from the mean of its last K checkpoints.
+
+    The run's own settings (training_args.json), data, tokenizer and generation config; only the weights differ.
+    Writes a new Hub-ready folder (never the run's own) and returns its metrics.
+    """
+    parser = _average_parser()
     options = parser.parse_args(argv)
     run = Path(options.run_dir)
     missing = [name for name in ("training_args.json", "metrics.json") if not (run / name).is_file()]
@@ -358,13 +402,11 @@ def average_main(argv=None) -> dict:
         parser.error("--push_to_hub needs --hub_model_id (e.g. your-name/vaswani-g2p)")
 
     logging.basicConfig(level=logging.WARNING)
-    from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
+    from vaswani import VaswaniTokenizer
 
-    from .averaging import average_checkpoints
-    from .evaluation import evaluate
-    from .loop import BEST_DIR, TrainingResult
-    from .tasks import encode_pairs, load_task_data
-    from .train_state import load_weights
+    from .evaluation import describe_final, final_evaluation
+    from .loop import TrainingResult
+    from .tasks import load_task_data
 
     args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
     args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
@@ -376,26 +418,20 @@ def average_main(argv=None) -> dict:
                           args.dev_percent)
     state_dir = run / CHECKPOINT_DIR
     tokenizer = VaswaniTokenizer.from_pretrained(args.tokenizer or state_dir / "tokenizer")
+    print(f"averaging the weights of the last {options.last} checkpoints of {run}, then evaluating them on the "
+          f"{len(data.dev_sources)} dev sources (beam {settings.num_beams})")
     try:
-        tensors, steps = average_checkpoints(state_dir, options.last)
+        model, dev = final_evaluation(state_dir, tokenizer, data, num_beams=settings.num_beams,
+                                      batch_size=settings.eval_batch_size, average_last=options.last,
+                                      attn_implementation=settings.attn_implementation)
     except ValueError as error:
         parser.error(str(error))
-    model = VaswaniForConditionalGeneration.from_pretrained(state_dir / BEST_DIR)  # config and generation settings
-    load_weights(model, tensors, f"the average of checkpoints {steps}")
-    if args.attn_implementation:
-        model.set_attn_implementation(args.attn_implementation)
-    model.generation_config.num_beams = settings.num_beams
-    print(f"averaged the weights of steps {steps} of {run}; evaluating on the {len(data.dev_sources)} dev sources "
-          f"(beam {settings.num_beams})")
-    dev = evaluate(model, tokenizer, data.task, data.dev_sources, data.dev_references,
-                   encode_pairs(tokenizer, data.dev_pairs), num_beams=settings.num_beams,
-                   max_length=model.generation_config.max_length, batch_size=settings.eval_batch_size)
-    dev.update(step=steps[-1], averaged_steps=steps)
+    print(describe_final(dev, len(data.dev_sources)))
     ran = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     result = TrainingResult(step=ran["steps"], epoch=ran["epochs_completed"], best_step=ran["best_step"], dev=dev,
                             history=ran["history"], train_seconds=ran["train_seconds"],
                             target_tokens_per_second=ran["target_tokens_per_second"], stopped_by=ran["stopped_by"],
-                            model=model, averaged_steps=steps)
+                            model=model, averaged_steps=dev["averaged_steps"])
     return export_run(args, settings, data, tokenizer, result, ran["num_processes"], ran.get("device", "cpu"))
 
 

@@ -4,19 +4,27 @@ Runs on one process (the main one in a multi-process run; the others wait): the 
 are small (5.4k G2P words) and generation is the cost, so sharding it would save little and
 add gathers. Inputs are sorted by length and generated in chunks of `batch_size` so that the
 padding stays small; predictions come back in the original order.
+
+`final_evaluation` is the end of every run, in one place: the end of `loop.train` and
+`scripts/average_checkpoints.py` both load the weights to export with it and score them on the whole dev set.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .averaging import average_checkpoints
 from .batching import Seq2SeqCollator
+from .checkpoints import BEST_DIR
 from .generation import generate_lines
 from .metrics import bleu, chrf, g2p_scores
+from .tasks import TaskData, encode_pairs
+from .train_state import load_weights
 
 
 def generate_texts(model, tokenizer, sources: list[str], num_beams: int = 1, max_length: int | None = None,
@@ -84,3 +92,42 @@ def evaluate(model, tokenizer, task: str, sources: list[str], references: list[l
               "generate_seconds": generate_seconds}
     result["predictions"] = predictions
     return result
+
+
+def final_evaluation(checkpoint_dir: str | Path, tokenizer, data: TaskData, *, num_beams: int, batch_size: int = 512,
+                     average_last: int | None = None, best_step: int | None = None,
+                     attn_implementation: str | None = None, max_length: int | None = None) -> tuple[object, dict]:
+    """The model a run exports and its scores on the whole dev set with `num_beams`; returns (model, dev).
+
+    The weights are the best ones kept in `<checkpoint_dir>/best`, or with `average_last` K the mean of the last K
+    checkpoints (`averaging`; the best folder still gives the config and generation settings). `num_beams` (and
+    `max_length`, when given) go into the model's generation config, so the export decodes as it was scored.
+    `dev["step"]` is the weights' step (`best_step`, or the newest averaged); `dev["averaged_steps"]` lists the
+    steps averaged. Raises ValueError when fewer than K complete checkpoints exist.
+    """
+    from vaswani import VaswaniForConditionalGeneration
+
+    checkpoint_dir = Path(checkpoint_dir)
+    averaged = average_checkpoints(checkpoint_dir, average_last) if average_last is not None else None
+    model = VaswaniForConditionalGeneration.from_pretrained(checkpoint_dir / BEST_DIR)
+    if averaged is not None:
+        load_weights(model, averaged[0], f"the average of checkpoints {averaged[1]}")
+    if attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    if max_length is not None:
+        model.generation_config.max_length = max_length
+    model.generation_config.num_beams = num_beams
+    dev = evaluate(model, tokenizer, data.task, data.dev_sources, data.dev_references,
+                   encode_pairs(tokenizer, data.dev_pairs), num_beams=num_beams,
+                   max_length=model.generation_config.max_length, batch_size=batch_size)
+    dev["step"] = averaged[1][-1] if averaged else best_step
+    if averaged:
+        dev["averaged_steps"] = averaged[1]
+    return model, dev
+
+
+def describe_final(dev: dict, dev_size: int) -> str:
+    """One line for the log: which weights `final_evaluation` scored, on what, and the figures."""
+    weights = f"the average of steps {dev['averaged_steps']}" if "averaged_steps" in dev else f"best step {dev['step']}"
+    return (f"{weights} on the full dev set ({dev_size} sources, beam {dev['num_beams']}): loss {dev['loss']:.4f} "
+            + " ".join(f"{k} {dev[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in dev))

@@ -1,10 +1,9 @@
 """The end product of a run: a folder ready for the Hub, and its upload.
 
 `write_model_folder` puts into one folder: `model.safetensors`, `config.json` (with `auto_map`),
-`generation_config.json`, the code for `trust_remote_code` (`configuration_vaswani.py`,
-`modeling_vaswani.py`, `positions_vaswani.py`, `decoding_vaswani.py`, `kernels_vaswani.py`, `tokenization_vaswani.py`:
-`save_pretrained` copies them
-because `import vaswani` registers the classes for the Auto API), the tokenizer (`spm.model`,
+`generation_config.json`, the code for `trust_remote_code` (the model's files of modeling/ and
+`tokenization_vaswani.py`: `save_pretrained` copies them because `import vaswani` registers the classes for the Auto
+API), the tokenizer (`spm.model`,
 `tokenizer_config.json`), `README.md` (the model card) and `metrics.json`.
 
 The training run also leaves `checkpoints/`, `runs/` and `train_log.jsonl` in the same folder; `push_folder`

@@ -1,5 +1,8 @@
 """The training loop: Accelerate, token-budget batches, the paper's schedule, periodic evaluation, exact resume.
 
+`train` builds a `TrainingRun` (the run's state: model, optimizer, scheduler, weight average, counters, best
+evaluation, logs) and calls its steps: `start`, `train_epoch` until a stop, then `finish`.
+
 One code path for one CPU process, one GPU, and N processes (`accelerate launch`, `torchrun`;
 on CPU pass `cpu=True` or set ACCELERATE_USE_CPU=1, else each process trains alone: see
 `make_accelerator`). Per optimizer update ("step"):
@@ -40,6 +43,7 @@ best step by the task metric is kept in `<output_dir>/checkpoints/best`; at the 
 weights are evaluated on the whole dev set with `num_beams` and become the end product. With
 `average_last` K > 1 the end product is instead the mean of the weights of the last K checkpoints
 (`vaswani.training.averaging`, the paper's checkpoint averaging), chosen before the run, not by the dev set.
+Both go through `evaluation.final_evaluation`, as `scripts/average_checkpoints.py` does.
 """
 
 from __future__ import annotations
@@ -55,26 +59,30 @@ from pathlib import Path
 
 import torch
 
-from .averaging import average_checkpoints
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
-from .checkpoints import latest_valid_checkpoint, save_checkpoint
+from .checkpoints import BEST_DIR, CHECKPOINT_DIR, latest_valid_checkpoint, save_checkpoint
 from .ema import WeightEMA
-from .evaluation import evaluate
+from .evaluation import describe_final, evaluate, final_evaluation
 from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline
-from .train_state import load_training_state, load_weights, save_training_state
+from .train_state import load_training_state, save_training_state
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-BEST_DIR = "best"
+# The first estimate of evaluation seconds per dev source, before an evaluation has measured it: the order of a
+# trained G2P model on CPU. A pessimistic guess times a full dev set can exceed the whole budget at step 1.
+FIRST_EVAL_SECONDS_PER_SOURCE = 0.005
+# Kept free of the time budget besides the final evaluation: loading the best weights, writing the folder, and
+# the interpreter's start and exit, which the budget's clock does not see.
+FINAL_OVERHEAD_SECONDS = 30
 
 
 @dataclass
 class TrainingSettings:
     """How to train (not what: model hyperparameters live in the config). Stops at whichever comes first of
-    `max_steps` updates, `max_epochs`, and `time_budget` (wall clock of this invocation, final evaluation included)."""
+    `max_steps` updates, `max_epochs`, and `time_budget` (wall clock of this invocation, final evaluation included).
+    These defaults are also the defaults of train.py's flags, except where `cli.TASK_DEFAULTS` sets one per task."""
 
     output_dir: str
     max_steps: int | None = None
@@ -87,7 +95,7 @@ class TrainingSettings:
     grad_accum: int = 1
     clip_norm: float = 1.0  # 0: no clipping
     eval_every: int = 500  # updates; 0: evaluate only at the end
-    eval_subset: int = 1000  # dev sources used by evaluations during training; 0: all
+    eval_subset: int = 500  # dev sources used by evaluations during training; 0: all
     eval_batch_size: int = 512
     num_beams: int = 1  # final evaluation and the saved generation config
     save_every: int = 500  # updates; 0: only at the end
@@ -179,10 +187,16 @@ def generation_max_length(target_lengths: list[int]) -> int:
     return int(math.ceil(1.2 * max(target_lengths))) + 2
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+def training_examples(tokenizer, data: TaskData, max_source_length: int) -> list[dict]:
+    """The encoded training pairs, without those longer than `max_source_length` tokens on either side."""
+    examples = encode_pairs(tokenizer, data.train_pairs)
+    keep = [e for e in examples if len(e["input_ids"]) <= max_source_length and len(e["labels"]) <= max_source_length]
+    if len(keep) < len(examples):
+        logger.warning("dropped %d training examples longer than max_source_length=%d tokens",
+                       len(examples) - len(keep), max_source_length)
+    if not keep:
+        raise ValueError("no training examples left")
+    return keep
 
 
 def train(config, tokenizer, data: TaskData, settings: TrainingSettings, accelerator=None,
@@ -194,246 +208,305 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
     weights (full dev set) and the unwrapped best model on the main process; the caller exports it.
     `deadline`: the time budget's clock when it started earlier (the script starts it before data and tokenizer).
     """
-    from accelerate.utils import set_seed, tqdm
-
-    from vaswani import VaswaniForConditionalGeneration
-
     settings.validate()
     accelerator = accelerator or make_accelerator(settings)
     if deadline is None and settings.time_budget is not None:
         deadline = Deadline(settings.time_budget)
-    main = accelerator.is_main_process
-    output_dir = Path(settings.output_dir)
-    checkpoint_dir = output_dir / CHECKPOINT_DIR
-    if main:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-
-    # Data: every rank encodes the same training examples (cheap and deterministic); dev on the main process.
-    examples = encode_pairs(tokenizer, data.train_pairs)
-    keep = [e for e in examples if len(e["input_ids"]) <= settings.max_source_length
-            and len(e["labels"]) <= settings.max_source_length]
-    if len(keep) < len(examples):
-        logger.warning("dropped %d training examples longer than max_source_length=%d tokens",
-                       len(examples) - len(keep), settings.max_source_length)
-    examples = keep
-    if not examples:
-        raise ValueError("no training examples left")
-    max_length = generation_max_length([len(e["labels"]) for e in examples])
-
-    set_seed(settings.seed)
-    model = VaswaniForConditionalGeneration(config)
-    if settings.attn_implementation:
-        model.set_attn_implementation(settings.attn_implementation)
-    model.generation_config.max_length = max_length
-    model.generation_config.num_beams = settings.num_beams
-    model.train()
-    optimizer = make_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-
-    sampler = TokenBudgetBatchSampler([len(e["input_ids"]) for e in examples], [len(e["labels"]) for e in examples],
-                                      max_tokens=settings.max_tokens, seed=settings.seed,
-                                      num_replicas=accelerator.num_processes, rank=accelerator.process_index)
-    loader = torch.utils.data.DataLoader(examples, batch_sampler=sampler, collate_fn=Seq2SeqCollator(tokenizer.pad_token_id),
-                                         generator=torch.Generator().manual_seed(settings.seed))
-    loader = prepare_sharded_loader(accelerator, loader)
-    unwrapped = accelerator.unwrap_model(model)
-    ema = WeightEMA(unwrapped, settings.ema_decay) if settings.ema_decay else None
-
-    step, epoch, batches_done = 0, 0, 0
-    best: dict | None = None  # {"step", "value"} of the best evaluation so far
-    history: list[dict] = []
-    if settings.resume:
-        info = latest_valid_checkpoint(checkpoint_dir)
-        if info is None:
-            accelerator.print(f"--resume: no valid checkpoint in {checkpoint_dir}; starting from scratch")
+    run = TrainingRun(config, tokenizer, data, settings, accelerator, deadline)
+    run.start()
+    stopped_by = ""
+    while not stopped_by:
+        if settings.max_epochs is not None and run.epoch >= settings.max_epochs:
+            stopped_by = "max_epochs"
         else:
-            load_training_state(info.path, accelerator, model, optimizer, scheduler)
-            if ema is not None:
-                ema.load(info.path)
-            step, epoch, batches_done = info.step, info.epoch, info.batches_done
-            best, history = info.extra.get("best"), info.extra.get("history", [])
-            sampler.load_state_dict({**info.extra["sampler"], "epoch": epoch, "batches_done": batches_done})
-            accelerator.print(f"resumed from {info.path} (step {step}, epoch {epoch}, batch {batches_done})")
-    elif main and any(checkpoint_dir.glob("checkpoint-*")):
-        raise ValueError(f"{checkpoint_dir} already holds checkpoints; pass --resume to continue that run, or choose "
-                         "another --output_dir")
+            stopped_by = run.train_epoch()
+    return run.finish(stopped_by)
 
-    dev_index = _subset(len(data.dev_sources), settings.eval_subset)
-    dev_sources = [data.dev_sources[i] for i in dev_index]
-    dev_references = [data.dev_references[i] for i in dev_index]
-    dev_examples = encode_pairs(tokenizer, [(s, r) for s, refs in zip(dev_sources, dev_references) for r in refs]) if main else []
 
-    writer = None
-    if main and settings.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+class TrainingRun:
+    """One training run: the state `train` carries from update to update, and the steps that change it.
 
-        writer = SummaryWriter(str(output_dir / "runs"), purge_step=step or None)
-    log_path = output_dir / "train_log.jsonl"
-    evaluated = ema.module if ema is not None else unwrapped  # the weights that are evaluated, kept and exported
+    The constructor sets the seed before it builds the model (a resumed run builds the same initial weights and
+    data) and restores the checkpoint (with `settings.resume`) after everything the checkpoint overwrites.
+    Only the main process evaluates, keeps the best weights and writes logs; every process trains and saves.
+    """
 
-    def log(record: dict) -> None:
-        if main:
-            with open(log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+    def __init__(self, config, tokenizer, data: TaskData, settings: TrainingSettings, accelerator,
+                 deadline: Deadline | None = None):
+        self.settings, self.data, self.tokenizer = settings, data, tokenizer
+        self.accelerator, self.deadline = accelerator, deadline
+        self.main = accelerator.is_main_process
+        self.output_dir = Path(settings.output_dir)
+        self.checkpoint_dir = self.output_dir / CHECKPOINT_DIR
+        if self.main:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        # every rank encodes the same training examples (cheap and deterministic); dev on the main process
+        examples = training_examples(tokenizer, data, settings.max_source_length)
+        self.max_length = generation_max_length([len(e["labels"]) for e in examples])
+        self._build_model(config)
+        self._build_loader(examples)
+        self.unwrapped = accelerator.unwrap_model(self.model)
+        self.ema = WeightEMA(self.unwrapped, settings.ema_decay) if settings.ema_decay else None
+        self.evaluated = self.ema.module if self.ema is not None else self.unwrapped  # evaluated, kept, exported
 
-    def run_eval() -> dict:
-        nonlocal best
+        self.step, self.epoch, self.batches_done = 0, 0, 0
+        self.best: dict | None = None  # {"step", "value", "metric"} of the best evaluation so far
+        self.history: list[dict] = []  # the evaluations during training
+        self._resume()
+
+        dev_index = _subset(len(data.dev_sources), settings.eval_subset)
+        self.dev_sources = [data.dev_sources[i] for i in dev_index]
+        self.dev_references = [data.dev_references[i] for i in dev_index]
+        self.dev_examples = encode_pairs(tokenizer, [(s, r) for s, refs in zip(self.dev_sources, self.dev_references)
+                                                     for r in refs]) if self.main else []
+        self.writer = None
+        if self.main and settings.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.output_dir / "runs"), purge_step=self.step or None)
+        self.log_path = self.output_dir / "train_log.jsonl"
+        self.eval_seconds_per_source = FIRST_EVAL_SECONDS_PER_SOURCE  # refined by each evaluation
+        self.last_eval_step: int | None = None
+
+    def _build_model(self, config) -> None:
+        from accelerate.utils import set_seed
+
+        from vaswani import VaswaniForConditionalGeneration
+
+        settings = self.settings
+        set_seed(settings.seed)
+        model = VaswaniForConditionalGeneration(config)
+        if settings.attn_implementation:
+            model.set_attn_implementation(settings.attn_implementation)
+        model.generation_config.max_length = self.max_length
+        model.generation_config.num_beams = settings.num_beams
+        model.train()
+        optimizer = make_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay)
+        scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+
+    def _build_loader(self, examples: list[dict]) -> None:
+        settings, accelerator = self.settings, self.accelerator
+        self.sampler = TokenBudgetBatchSampler(
+            [len(e["input_ids"]) for e in examples], [len(e["labels"]) for e in examples],
+            max_tokens=settings.max_tokens, seed=settings.seed, num_replicas=accelerator.num_processes,
+            rank=accelerator.process_index)
+        loader = torch.utils.data.DataLoader(examples, batch_sampler=self.sampler,
+                                             collate_fn=Seq2SeqCollator(self.tokenizer.pad_token_id),
+                                             generator=torch.Generator().manual_seed(settings.seed))
+        self.loader = prepare_sharded_loader(accelerator, loader)
+
+    def _resume(self) -> None:
+        """With `settings.resume`, restore the newest valid checkpoint; without, refuse to mix with an older run."""
+        accelerator = self.accelerator
+        if not self.settings.resume:
+            if self.main and any(self.checkpoint_dir.glob("checkpoint-*")):
+                raise ValueError(f"{self.checkpoint_dir} already holds checkpoints; pass --resume to continue that "
+                                 "run, or choose another --output_dir")
+            return
+        info = latest_valid_checkpoint(self.checkpoint_dir)
+        if info is None:
+            accelerator.print(f"--resume: no valid checkpoint in {self.checkpoint_dir}; starting from scratch")
+            return
+        load_training_state(info.path, accelerator, self.model, self.optimizer, self.scheduler)
+        if self.ema is not None:
+            self.ema.load(info.path)
+        self.step, self.epoch, self.batches_done = info.step, info.epoch, info.batches_done
+        self.best, self.history = info.extra.get("best"), info.extra.get("history", [])
+        self.sampler.load_state_dict({**info.extra["sampler"], "epoch": self.epoch, "batches_done": self.batches_done})
+        accelerator.print(f"resumed from {info.path} (step {self.step}, epoch {self.epoch}, batch {self.batches_done})")
+
+    def start(self) -> None:
+        """Start the clocks, the progress bar and the throughput window; put the model in training mode."""
+        from accelerate.utils import tqdm
+
+        self.bar = tqdm(total=self.settings.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
+                        disable=not (self.main and self.settings.progress_bar))
+        self.start_time = time.perf_counter()
+        self.window = torch.zeros(3, dtype=torch.float64)  # loss sum over micro-batches, micro-batches, target tokens
+        self.window_start = time.perf_counter()
+        self.total_tokens = 0.0
+        self.model.train()
+
+    def train_epoch(self) -> str:
+        """Train on the rest of the current epoch; returns why the run stops, or "" when the epoch ended first."""
+        self.loader.set_epoch(self.epoch)
+        for batch in self.loader:
+            self.micro_step(batch)
+            if not self.accelerator.sync_gradients:
+                continue
+            stopped_by = self.after_update()
+            if stopped_by:
+                return stopped_by
+        self.epoch += 1
+        self.batches_done = 0
+        return ""
+
+    def micro_step(self, batch: dict) -> None:
+        """Forward and backward of one micro-batch; the optimizer steps when the gradients sync."""
+        accelerator, model = self.accelerator, self.model
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and self.settings.clip_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), self.settings.clip_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.batches_done += 1
+        self.window += torch.tensor([loss.item(), 1.0, float((batch["labels"] != -100).sum())], dtype=torch.float64)
+
+    def after_update(self) -> str:
+        """The bookkeeping of one optimizer update: schedule, weight average, log, stop, evaluate, save.
+
+        Returns why the run stops ("max_steps", "time_budget") or ""; a stop evaluates and saves at once."""
+        settings = self.settings
+        self.scheduler.step()
+        self.step += 1
+        if self.ema is not None:
+            self.ema.update(self.unwrapped)
+        self.bar.update(1)
+        if self.step % settings.log_every == 0:
+            self.log_training()
+        stopped_by = self.stop_reason()
+        if (settings.eval_every and self.step % settings.eval_every == 0) or stopped_by:
+            self.evaluate()
+        if (settings.save_every and self.step % settings.save_every == 0) or stopped_by:
+            self.save()
+        return stopped_by
+
+    def log_training(self) -> None:
+        """Loss, learning rate and throughput since the last log (summed over processes)."""
+        accelerator = self.accelerator
+        totals = accelerator.reduce(self.window.to(accelerator.device), "sum").cpu() \
+            if accelerator.num_processes > 1 else self.window
+        now = time.perf_counter()
+        record = {"step": self.step, "epoch": self.epoch, "loss": totals[0].item() / totals[1].item(),
+                  "lr": self.scheduler.get_last_lr()[0],
+                  "target_tokens_per_second": totals[2].item() / (now - self.window_start),
+                  "elapsed": now - self.start_time}
+        self.total_tokens += totals[2].item()
+        self._log(record)
+        if self.writer:
+            for k in ("loss", "lr", "target_tokens_per_second"):
+                self.writer.add_scalar(f"train/{k}", record[k], self.step)
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                             tok_s=f"{record['target_tokens_per_second']:.0f}", refresh=False)
+        self.window.zero_()
+        self.window_start = time.perf_counter()
+
+    def stop_reason(self) -> str:
+        """"max_steps", "time_budget" (every rank stops at the same step) or ""."""
+        if self.settings.max_steps is not None and self.step >= self.settings.max_steps:
+            return "max_steps"
+        if self.deadline is None:
+            return ""
+        accelerator = self.accelerator
+        out_of_time = torch.tensor(float(self.deadline.remaining() < self.final_reserve()), device=accelerator.device)
+        if accelerator.num_processes > 1:
+            out_of_time = accelerator.reduce(out_of_time, "max")
+        return "time_budget" if out_of_time.item() > 0 else ""
+
+    def final_reserve(self) -> float:
+        """Seconds of the time budget kept free for the end: the last subset evaluation and the final one."""
+        sources = len(self.dev_sources) + len(self.data.dev_sources) * max(1.0, 0.6 * self.settings.num_beams)
+        return FINAL_OVERHEAD_SECONDS + self.eval_seconds_per_source * sources
+
+    def evaluate(self) -> dict:
+        """Score the evaluated weights on the dev subset (main process, greedy), keep them if they are the best so
+        far, and log the result; the other processes wait. Returns the scores ({} off the main process)."""
         result = {}
-        if main:
-            result = evaluate(evaluated, tokenizer, data.task, dev_sources, dev_references, dev_examples,
-                              num_beams=1, max_length=max_length, batch_size=settings.eval_batch_size)
+        if self.main:
+            result = evaluate(self.evaluated, self.tokenizer, self.data.task, self.dev_sources, self.dev_references,
+                              self.dev_examples, num_beams=1, max_length=self.max_length,
+                              batch_size=self.settings.eval_batch_size)
             result.pop("predictions")
-            value = result[data.metric]
-            better = best is None or (value > best["value"] if data.greater_is_better else value < best["value"])
-            if better:
-                best = {"step": step, "value": value, "metric": data.metric}
-                tmp = checkpoint_dir / f".tmp-{BEST_DIR}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                evaluated.save_pretrained(tmp)
-                shutil.rmtree(checkpoint_dir / BEST_DIR, ignore_errors=True)
-                os.replace(tmp, checkpoint_dir / BEST_DIR)
-            point = {"step": step, "epoch": epoch, **{k: result[k] for k in ("loss", data.metric)},
-                     **{k: v for k, v in result.items() if k in ("per", "chrf")}}
-            history.append(point)
-            log({"eval": point, "seconds": result["seconds"], "best_step": best["step"]})
-            if writer:
-                for k in ("loss", "wer", "per", "bleu", "chrf"):
-                    if k in result:
-                        writer.add_scalar(f"dev/{k}", result[k], step)
-            accelerator.print(f"step {step}: dev loss {result['loss']:.4f} "
-                              + " ".join(f"{k} {result[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in result)
-                              + f" ({len(dev_sources)} dev, {result['seconds']:.1f}s; best step {best['step']})")
-        accelerator.wait_for_everyone()
+            self._keep_if_best(result[self.data.metric])
+            self._log_evaluation(result)
+        self.accelerator.wait_for_everyone()
+        self.last_eval_step = self.step
+        if result:
+            self.eval_seconds_per_source = result["generate_seconds"] / max(1, len(self.dev_sources))
+            self.window_start += result["seconds"]  # evaluation time is not training throughput
         return result
 
-    def save() -> None:
-        # an epoch consumed entirely is saved as the start of the next one
-        e, b = (epoch + 1, 0) if batches_done >= len(loader) else (epoch, batches_done)
-        def save_fn(tmp: Path) -> None:
-            save_training_state(tmp, accelerator, model, optimizer, scheduler)
-            if ema is not None and main:
-                ema.save(tmp)
+    def _keep_if_best(self, value: float) -> None:
+        best = self.best
+        if best is not None and not (value > best["value"] if self.data.greater_is_better else value < best["value"]):
+            return
+        self.best = {"step": self.step, "value": value, "metric": self.data.metric}
+        tmp = self.checkpoint_dir / f".tmp-{BEST_DIR}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.evaluated.save_pretrained(tmp)
+        shutil.rmtree(self.checkpoint_dir / BEST_DIR, ignore_errors=True)
+        os.replace(tmp, self.checkpoint_dir / BEST_DIR)
 
-        extra = {"sampler": sampler.state_dict(b), "best": best, "history": history}
-        save_checkpoint(checkpoint_dir, step, save_fn, epoch=e, batches_done=b, keep_last=settings.keep_last, extra=extra,
-                        is_main_process=main, wait_for_everyone=accelerator.wait_for_everyone)
+    def _log_evaluation(self, result: dict) -> None:
+        metric = self.data.metric
+        point = {"step": self.step, "epoch": self.epoch, **{k: result[k] for k in ("loss", metric)},
+                 **{k: v for k, v in result.items() if k in ("per", "chrf")}}
+        self.history.append(point)
+        self._log({"eval": point, "seconds": result["seconds"], "best_step": self.best["step"]})
+        if self.writer:
+            for k in ("loss", "wer", "per", "bleu", "chrf"):
+                if k in result:
+                    self.writer.add_scalar(f"dev/{k}", result[k], self.step)
+        self.accelerator.print(
+            f"step {self.step}: dev loss {result['loss']:.4f} "
+            + " ".join(f"{k} {result[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in result)
+            + f" ({len(self.dev_sources)} dev, {result['seconds']:.1f}s; best step {self.best['step']})")
 
-    # An estimate of the final evaluation's cost, refined by each evaluation, is kept free within the time budget.
-    # Start from a measured figure (a trained G2P model: ~0.001 s per word greedy, ~0.003 with beam 4, on 2 CPU
-    # cores), not a pessimistic one: a large guess times a full dev set can exceed the whole budget at step 1.
-    eval_seconds_per_source = 0.005
-    def final_reserve() -> float:
-        # 30 s: loading the best weights, the folder, and the interpreter's start and exit outside the budget's clock
-        return 30 + eval_seconds_per_source * (len(dev_sources) + len(data.dev_sources) * max(1.0, 0.6 * settings.num_beams))
+    def _log(self, record: dict) -> None:
+        if self.main:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
-    bar = tqdm(total=settings.max_steps, initial=step, desc="train", disable=not (main and settings.progress_bar),
-               dynamic_ncols=True)
-    start_time = time.perf_counter()
-    window = torch.zeros(3, dtype=torch.float64)  # loss sum over micro-batches, micro-batches, target tokens
-    window_start, total_tokens, last_eval_step, stopped_by = time.perf_counter(), 0.0, None, ""
-    model.train()
-    while not stopped_by:
-        if settings.max_epochs is not None and epoch >= settings.max_epochs:
-            stopped_by = "max_epochs"
-            break
-        loader.set_epoch(epoch)
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and settings.clip_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), settings.clip_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            batches_done += 1
-            window += torch.tensor([loss.item(), 1.0, float((batch["labels"] != -100).sum())], dtype=torch.float64)
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            step += 1
-            if ema is not None:
-                ema.update(unwrapped)
-            bar.update(1)
+    def save(self) -> None:
+        """A checkpoint of this update (every process writes its part); an epoch consumed entirely is saved as the
+        start of the next one."""
+        done = self.batches_done >= len(self.loader)
+        epoch, batches_done = (self.epoch + 1, 0) if done else (self.epoch, self.batches_done)
+        extra = {"sampler": self.sampler.state_dict(batches_done), "best": self.best, "history": self.history}
+        save_checkpoint(self.checkpoint_dir, self.step, self._save_state, epoch=epoch, batches_done=batches_done,
+                        keep_last=self.settings.keep_last, extra=extra, is_main_process=self.main,
+                        wait_for_everyone=self.accelerator.wait_for_everyone)
 
-            if step % settings.log_every == 0:
-                totals = accelerator.reduce(window.to(accelerator.device), "sum").cpu() \
-                    if accelerator.num_processes > 1 else window
-                now = time.perf_counter()
-                record = {"step": step, "epoch": epoch, "loss": totals[0].item() / totals[1].item(),
-                          "lr": scheduler.get_last_lr()[0], "target_tokens_per_second": totals[2].item() / (now - window_start),
-                          "elapsed": now - start_time}
-                total_tokens += totals[2].item()
-                log(record)
-                if writer:
-                    for k in ("loss", "lr", "target_tokens_per_second"):
-                        writer.add_scalar(f"train/{k}", record[k], step)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                tok_s=f"{record['target_tokens_per_second']:.0f}", refresh=False)
-                window.zero_()
-                window_start = time.perf_counter()
+    def _save_state(self, folder: Path) -> None:
+        save_training_state(folder, self.accelerator, self.model, self.optimizer, self.scheduler)
+        if self.ema is not None and self.main:
+            self.ema.save(folder)
 
-            if settings.max_steps is not None and step >= settings.max_steps:
-                stopped_by = "max_steps"
-            elif deadline is not None:
-                out_of_time = torch.tensor(float(deadline.remaining() < final_reserve()), device=accelerator.device)
-                if accelerator.num_processes > 1:
-                    out_of_time = accelerator.reduce(out_of_time, "max")  # every rank stops at the same step
-                if out_of_time.item() > 0:
-                    stopped_by = "time_budget"
+    def finish(self, stopped_by: str) -> TrainingResult:
+        """Close the training part, evaluate the last weights if not yet done, then the final evaluation of the
+        weights to export (main process: `final_evaluation`, logged); returns the run's result."""
+        self.bar.close()
+        train_seconds = time.perf_counter() - self.start_time
+        if self.last_eval_step != self.step:
+            self.evaluate()
+        if self.writer:
+            self.writer.flush()
+        model, dev = None, {}
+        if self.main:
+            settings = self.settings
+            model, dev = final_evaluation(
+                self.checkpoint_dir, self.tokenizer, self.data, num_beams=settings.num_beams,
+                batch_size=settings.eval_batch_size, best_step=self.best["step"],
+                average_last=settings.average_last if settings.average_last > 1 else None,
+                attn_implementation=settings.attn_implementation, max_length=self.max_length)
+            self._log_final(dev)
+        self.accelerator.wait_for_everyone()
+        return TrainingResult(step=self.step, epoch=self.epoch, best_step=self.best["step"] if self.best else None,
+                              dev=dev, history=self.history, train_seconds=train_seconds,
+                              target_tokens_per_second=self.total_tokens / train_seconds if train_seconds else 0.0,
+                              stopped_by=stopped_by, model=model, averaged_steps=dev.get("averaged_steps"))
 
-            if (settings.eval_every and step % settings.eval_every == 0) or stopped_by:
-                result = run_eval()
-                last_eval_step = step
-                if main and result:
-                    eval_seconds_per_source = result["generate_seconds"] / max(1, len(dev_sources))
-                    window_start += result["seconds"]  # evaluation time is not training throughput
-            if (settings.save_every and step % settings.save_every == 0) or stopped_by:
-                save()
-            if stopped_by:
-                break
-        else:
-            epoch += 1
-            batches_done = 0
-    bar.close()
-    train_seconds = time.perf_counter() - start_time
-    if last_eval_step != step:
-        run_eval()
-    if writer:
-        writer.flush()
-
-    dev: dict = {}
-    best_model, averaged_steps = None, None
-    if main:
-        best_model = VaswaniForConditionalGeneration.from_pretrained(checkpoint_dir / BEST_DIR)
-        if settings.average_last > 1:  # the same model, config and generation settings; the averaged weights
-            tensors, averaged_steps = average_checkpoints(checkpoint_dir, settings.average_last)
-            load_weights(best_model, tensors, f"the average of checkpoints {averaged_steps}")
-        if settings.attn_implementation:
-            best_model.set_attn_implementation(settings.attn_implementation)
-        best_model.generation_config.max_length = max_length
-        best_model.generation_config.num_beams = settings.num_beams
-        dev_all = encode_pairs(tokenizer, data.dev_pairs)
-        dev = evaluate(best_model, tokenizer, data.task, data.dev_sources, data.dev_references, dev_all,
-                       num_beams=settings.num_beams, max_length=max_length, batch_size=settings.eval_batch_size)
-        dev["step"] = averaged_steps[-1] if averaged_steps else best["step"]
-        if averaged_steps:
-            dev["averaged_steps"] = averaged_steps
-        accelerator.print((f"the average of steps {averaged_steps}" if averaged_steps else f"best step {best['step']}")
-                          + f" on the full dev set ({len(data.dev_sources)} sources, "
-                          f"beam {settings.num_beams}): loss {dev['loss']:.4f} "
-                          + " ".join(f"{k} {dev[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in dev))
-        if writer:
+    def _log_final(self, dev: dict) -> None:
+        self.accelerator.print(describe_final(dev, len(self.data.dev_sources)))
+        if self.writer:
             for k in ("wer", "per", "bleu", "chrf"):
                 if k in dev:
-                    writer.add_scalar(f"final/{k}", dev[k], step)
-            writer.close()
-        log({"final": {k: v for k, v in dev.items() if k != "predictions"}})
-    accelerator.wait_for_everyone()
-    return TrainingResult(step=step, epoch=epoch, best_step=best["step"] if best else None, dev=dev, history=history,
-                          train_seconds=train_seconds,
-                          target_tokens_per_second=total_tokens / train_seconds if train_seconds else 0.0,
-                          stopped_by=stopped_by, model=best_model, averaged_steps=averaged_steps)
+                    self.writer.add_scalar(f"final/{k}", dev[k], self.step)
+            self.writer.close()
+        self._log({"final": {k: v for k, v in dev.items() if k != "predictions"}})
 
 
 def settings_dict(settings: TrainingSettings) -> dict:
