@@ -4,9 +4,9 @@ of `GenerationMixin._sample` / `_beam_search`, and less work per step.
 Per new token, transformers' loop prepares inputs, rebuilds the decoder's masks, grows every layer's cache with
 `torch.cat` and records outputs it was not asked for. For the common call (eval mode, a fresh cache, tokens only)
 none of that is needed: this loop keeps each layer's keys and values in one preallocated buffer, projects the encoder
-output for cross-attention once, builds the source mask once, freezes the decoder's weights for the call (packed for
-oneDNN where it is available: `onednn_vaswani.FrozenLinear`), and runs each layer on one new position at a time, in
-the order of the model's forward. It calls the same `logits_processor` and `stopping_criteria` objects as
+output for cross-attention once, builds the source mask once, freezes the decoder's weights for the call (the
+self-attention's three projections as one), and runs each layer on one new position at a time, in the order of the
+model's forward. It calls the same `logits_processor` and `stopping_criteria` objects as
 transformers' loop, in the same order, so length limits, forced tokens, penalties, EOS handling and sampling (the same
 `torch.multinomial` draw) behave exactly as there.
 
@@ -27,8 +27,6 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
 )
-
-from .onednn_vaswani import FrozenLinear
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
@@ -88,8 +86,8 @@ def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 class _LeanLayer:
-    """One decoder layer prepared for one `generate` call: its weights frozen for repeated use (`FrozenLinear`:
-    packed for oneDNN where it applies; the self-attention's q/k/v as one projection whose output features run head
+    """One decoder layer prepared for one `generate` call: its weights frozen for repeated use (`_FrozenLinear`; the
+    self-attention's q/k/v as one projection whose output features run head
     by head, (H, 3, D), so that each of q, k and v is a (rows * H, D) view with no copy), its self-attention keys
     and values in one (rows, H, 2, capacity, D) buffer filled position by position (one copy a step) and doubled when
     full, and its cross-attention keys/values projected once from the encoder output as (sources * H, S, D).
@@ -108,13 +106,13 @@ class _LeanLayer:
         # A power-of-two scale (head size 4, 16, 64, 256) goes into the query projection: exact, one kernel less.
         query_scale = self.scaling if math.frexp(self.scaling)[0] == 0.5 else 1.0
         self.scaling /= query_scale
-        self.qkv = _frozen(rows, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale,
+        self.qkv = _frozen(attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale,
                            heads=self.heads)
-        self.self_out = _frozen(rows, attention.o_proj)
-        self.cross_query = _frozen(rows, cross.q_proj, query_scale=query_scale)
-        self.cross_out = _frozen(rows, cross.o_proj)
+        self.self_out = _frozen(attention.o_proj)
+        self.cross_query = _frozen(cross.q_proj, query_scale=query_scale)
+        self.cross_out = _frozen(cross.o_proj)
         relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
-        self.fc1, self.fc2 = _frozen(rows, ffn.fc1, relu=relu), _frozen(rows, ffn.fc2)
+        self.fc1, self.fc2 = _frozen(ffn.fc1, relu=relu), _frozen(ffn.fc2)
         self.activation = None if relu else ffn.activation
         self.cache = sources.new_empty(rows, self.heads, 2, capacity, self.head_dim)  # keys, values
         n, length = sources.shape[:2]
@@ -183,15 +181,29 @@ def _layer_norm(norm: torch.nn.LayerNorm):
                              bias=norm.bias, eps=norm.eps)
 
 
-def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0) -> FrozenLinear:
-    """`projections` (nn.Linear modules of one input) as one frozen linear layer for inputs of about `rows` rows, the
-    first one's outputs multiplied by `query_scale` (a power of two: exact). `heads` > 0: the output features run
-    head by head, (heads, len(projections), D), instead of projection by projection (a permutation of the weight's
-    rows: every output is the same dot product). Kept on the first module between `generate` calls and rebuilt when a
-    parameter changes (an in-place update bumps its version counter) or the number of rows does: a second copy of the
-    decoder's weights, in oneDNN's layout."""
+class _FrozenLinear:
+    """A linear layer's weight and bias, as prepared for one `generate` call; `relu`: a ReLU follows, in place."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+        self.weight, self.bias, self.relu = weight, bias, relu
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        return out.relu_() if self.relu else out
+
+    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """self(x) + other (a residual connection), added in place on the fresh output: the same rounding."""
+        return self(x).add_(other)
+
+
+def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0) -> _FrozenLinear:
+    """`projections` (nn.Linear modules of one input) as one frozen linear layer, the first one's outputs multiplied
+    by `query_scale` (a power of two: exact). `heads` > 0: the output features run head by head, (heads,
+    len(projections), D), instead of projection by projection (a permutation of the weight's rows: every output is the
+    same dot product). Kept on the first module between `generate` calls and rebuilt when a parameter changes (an
+    in-place update bumps its version counter)."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
-    key = (rows, relu, query_scale, heads, *((p.data_ptr(), p._version) for p in parameters))
+    key = (relu, query_scale, heads, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():
@@ -204,7 +216,7 @@ def _frozen(rows: int, *projections, relu: bool = False, query_scale: float = 1.
             if heads:
                 weight = weight.view(len(projections), heads, -1, weight.shape[-1]).transpose(0, 1).reshape_as(weight)
                 bias = bias.view(len(projections), heads, -1).transpose(0, 1).reshape_as(bias)
-            cached = (key, FrozenLinear(weight.contiguous(), bias, rows, relu=relu))
+            cached = (key, _FrozenLinear(weight.contiguous(), bias, relu=relu))
         projections[0].__dict__["_frozen_linear"] = cached  # a plain attribute: never saved, loaded or moved
     return cached[1]
 
@@ -232,7 +244,7 @@ class _LeanDecoder:
         self.positions = decoder.embed_positions
         self.layers = [_LeanLayer(layer, sources, rows, capacity) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
-        self.lm_head = _frozen(rows, model.lm_head)
+        self.lm_head = _frozen(model.lm_head)
         bias = model.final_logits_bias
         self.logits_bias = None if bias is None else bias.to(model.lm_head.weight.dtype)
         heads = decoder.layers[0].encoder_attn.num_heads if decoder.layers else 1

@@ -3,21 +3,23 @@
 modeling_vaswani.py is the reference; a fast path replaces one of its calls with faster code that gives the same
 result. Each is named here, switched here and decided here:
 
-- `feed_forward`: the ReLU feed-forward on oneDNN, as one autograd node in training (onednn_vaswani.py);
 - `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
-  buffer and runs the decoder on frozen, packed weights (decoding_vaswani.py).
+  buffer and runs the decoder on frozen weights (decoding_vaswani.py).
+
+Each path earns its place in docs/performance.md, measured against the same model with it off; paths that did not
+(the oneDNN feed-forward, padding-free layers, a custom dropout mask, ...) were removed.
 
 The switch: `fast_paths=` at load (True, False or {name: bool}), `model.set_fast_paths(...)` at run time, and the
 environment variable VASWANI_FAST_PATHS (`1`/`all`, `0`/`none`, or a comma-separated list of the names to enable)
 for the default of models created afterwards.
 
-The rule (`applies`), for every path: the path is switched on; the tensors are float32 on the CPU, with no tensor
-subclass (float64 too for the decoding loop), outside autocast and outside `torch.compile`; and the module
-contract holds: every module whose call the
-path replaces is exactly the plain layer (its own class, not a subclass or a wrapper such as a PEFT LoRA layer), with
-no hooks (its own or global) and plain parameters. Otherwise the fast path steps aside and the modules' own forwards
-run. Each path adds its own conditions: the feed-forward's ReLU and oneDNN on an AVX-512 CPU; the decoding loop's
-`decoding_vaswani.lean_blocker` (eval mode, no gradients, eager or SDPA, a fresh cache, tokens only).
+The rule (`applies`), for every path: the path is switched on; the tensors it reads are on the CPU in a dtype it
+serves (float32; float64 too for the decoding loop), with no tensor subclass, outside autocast and outside
+`torch.compile`; and the module contract holds: every module whose call the path replaces is exactly the plain layer
+(the model's own class or torch's, not a subclass or a wrapper such as a PEFT LoRA layer), with no hooks (its own or
+global) and plain parameters. Otherwise the path steps aside and the modules' own forwards run. Each path adds its
+own conditions: for the decoding loop, `decoding_vaswani.lean_blocker` (eval mode, no gradients, eager or SDPA, a
+fresh cache, tokens only).
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 
 from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
-from .onednn_vaswani import onednn_available, relu_feed_forward
 
-FAST_PATHS = ("feed_forward", "lean_decoding")
+FAST_PATHS = ("lean_decoding",)
 ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
 
 # The torch and transformers classes the model is built of; with the model's own classes (recognised by their
@@ -74,8 +75,8 @@ def resolve(value: bool | dict | None = None, current: dict | None = None) -> di
     raise TypeError(f"fast_paths={value!r}: give True, False or a dict {{name: bool}} of {list(FAST_PATHS)}")
 
 
-# The dtypes each path serves: oneDNN's kernels are float32; the decoding loop is exact in float64 too.
-_DTYPES = {"feed_forward": (torch.float32,), "lean_decoding": (torch.float32, torch.float64)}
+# The dtypes each path serves (the decoding loop's roundings are the model's in float32 and float64).
+_DTYPES = {"lean_decoding": (torch.float32, torch.float64)}
 
 
 def _plain_tensors(tensors, dtypes) -> bool:
@@ -121,14 +122,7 @@ class _FastPaths:
         dtypes = _DTYPES[name]
         if not module.config._fast_paths.get(name, False) or not _plain_tensors(tensors, dtypes):
             return False
-        if name == "feed_forward":
-            return (type(module.activation) is nn.ReLU and not (module.training and module.activation_dropout)
-                    and onednn_available() and contract_holds(module.fc1, module.fc2, module.activation))
         return contract_holds(module, dtypes=dtypes) and lean_blocker(module, **context) is None
-
-    @staticmethod
-    def feed_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-        return relu_feed_forward(hidden_states, module.fc1, module.fc2)
 
     @staticmethod
     def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):

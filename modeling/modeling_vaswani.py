@@ -4,8 +4,8 @@ Read top to bottom: attention (projections -> a backend from transformers' regis
 position-wise feed-forward, the encoder and decoder layers (residual connection and layer norm around each sub-layer),
 the two stacks with their embeddings and sinusoidal positions, the two models, and the generation glue.
 
-This file is the reference. The CPU fast paths of fast_paths_vaswani.py enter at three visible lines (the
-feed-forward, greedy/sampling and beam search); each applies only where it gives this file's result.
+This file is the reference. The CPU fast paths of fast_paths_vaswani.py enter at two visible lines (greedy
+search/sampling and beam search), each only where it gives this file's result.
 """
 
 from collections.abc import Callable
@@ -191,15 +191,12 @@ class VaswaniFeedForward(nn.Module):
 
     def __init__(self, config: VaswaniConfig, ffn_dim: int):
         super().__init__()
-        self.config = config
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
         self.activation = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if fast.applies("feed_forward", self, hidden_states):
-            return fast.feed_forward(self, hidden_states)
         hidden_states = self.activation(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
         return self.fc2(hidden_states)

@@ -416,7 +416,7 @@ def test_head_by_head_qkv_projection_is_the_three_projections(tiny_config, dtype
         for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
             projection.bias.normal_()
     x = torch.randn(6, tiny_config.d_model, dtype=dtype)
-    frozen = decoding_vaswani._frozen(6, attention.q_proj, attention.k_proj, attention.v_proj, query_scale=0.25,
+    frozen = decoding_vaswani._frozen(attention.q_proj, attention.k_proj, attention.v_proj, query_scale=0.25,
                                       heads=heads)
     with torch.no_grad():
         fused = frozen(x).view(6, heads, 3, size)

@@ -1,5 +1,6 @@
 """The fast-path seam (modeling/fast_paths_vaswani.py): the switch, the rule, the module contract (PEFT LoRA adapters,
-hooks, a replaced projection) and the whole model with the fast paths on against the same model with them off."""
+hooks, a replaced projection: in training, eval and generation) and the whole model with the fast paths on against
+the same model with them off."""
 
 import copy
 import json
@@ -10,9 +11,8 @@ import torch
 from helpers import make_model, padded_batch
 from torch import nn
 
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, decoding_vaswani, fast_paths_vaswani
+from vaswani import VaswaniForConditionalGeneration, fast_paths_vaswani
 from vaswani.fast_paths_vaswani import FAST_PATHS, fast
-from vaswani.onednn_vaswani import onednn_available
 
 peft = pytest.importorskip("peft")
 
@@ -25,7 +25,6 @@ class Ran:
     def __init__(self):
         self.calls = dict.fromkeys(FAST_PATHS, 0)
         self._patches = [
-            self._spy("feed_forward", fast_paths_vaswani, "relu_feed_forward"),
             self._spy("lean_decoding", fast_paths_vaswani, "lean_sample"),
             self._spy("lean_decoding", fast_paths_vaswani, "lean_beam_search"),
         ]
@@ -60,25 +59,31 @@ def generate(model, batch, **kwargs):
 
 def test_switch_at_load_at_run_time_and_by_environment(tiny_config, tmp_path, monkeypatch):
     model = VaswaniForConditionalGeneration(tiny_config)
-    assert model.fast_paths == dict.fromkeys(FAST_PATHS, True)
+    assert FAST_PATHS == ("lean_decoding",)
+    assert model.fast_paths == {"lean_decoding": True}
     model.set_fast_paths({"lean_decoding": False})
-    assert model.fast_paths == {"feed_forward": True, "lean_decoding": False}
+    assert model.fast_paths == {"lean_decoding": False}
+    model.set_fast_paths(True)
+    assert model.fast_paths == {"lean_decoding": True}
     model.set_fast_paths(False)
-    assert not any(model.fast_paths.values())
     model.save_pretrained(tmp_path)
     assert "_fast_paths" not in json.loads((tmp_path / "config.json").read_text())
-    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path, fast_paths={"feed_forward": False})
-    assert loaded.fast_paths == {"feed_forward": False, "lean_decoding": True}
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.fast_paths == {"lean_decoding": True}  # not saved: the default again
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path, fast_paths={"lean_decoding": False})
+    assert loaded.fast_paths == {"lean_decoding": False}
     assert all(m.config is loaded.config for m in (loaded.model.encoder, loaded.model.decoder))
     monkeypatch.setenv("VASWANI_FAST_PATHS", "0")
     assert not any(VaswaniForConditionalGeneration.from_pretrained(tmp_path).fast_paths.values())
     monkeypatch.setenv("VASWANI_FAST_PATHS", "lean_decoding")
-    assert VaswaniForConditionalGeneration(tiny_config).fast_paths == {"feed_forward": False, "lean_decoding": True}
+    assert VaswaniForConditionalGeneration(tiny_config).fast_paths == {"lean_decoding": True}
+    monkeypatch.setenv("VASWANI_FAST_PATHS", "none")
+    assert VaswaniForConditionalGeneration(tiny_config, fast_paths=True).fast_paths == {"lean_decoding": True}
 
 
 def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
     model = VaswaniForConditionalGeneration(tiny_config)
-    with pytest.raises(ValueError, match="unknown fast path.*'lean'.*feed_forward"):
+    with pytest.raises(ValueError, match="unknown fast path.*'lean'.*lean_decoding"):
         model.set_fast_paths({"lean": False})
     with pytest.raises(TypeError, match="True, False or a dict"):
         model.set_fast_paths("off")
@@ -88,32 +93,6 @@ def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
 
 
 # --- the rule -------------------------------------------------------------------------------------------------------
-
-
-def test_feed_forward_rule(tiny_config):
-    model = make_model(tiny_config)
-    ffn = model.model.encoder.layers[0].ffn
-    x = torch.randn(3, 5, tiny_config.d_model)
-    applies = lambda t=x: fast.applies("feed_forward", ffn, t)  # noqa: E731
-    assert applies() == onednn_available()  # AVX-512 CPUs only
-    if not onednn_available():
-        pytest.skip("oneDNN's AVX-512 kernels are not available here: the feed-forward path never applies")
-    assert not applies(x.double())
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not applies()
-    handle = ffn.fc2.register_forward_pre_hook(lambda *args: None)
-    assert not applies()
-    handle.remove()
-    ffn.activation_dropout = 0.1
-    assert applies()  # in eval mode the dropout is off
-    ffn.train()
-    assert not applies()
-    ffn.eval()
-    ffn.activation = nn.GELU()
-    assert not applies()
-    model.set_fast_paths({"feed_forward": False})
-    ffn.activation = nn.ReLU()
-    assert not applies()
 
 
 def test_lean_decoding_rule(tiny_config):
@@ -164,10 +143,8 @@ def test_lora_adapters_on_every_linear_layer_get_gradients_and_change_the_output
     lora_tensors = {name: p for name, p in model.named_parameters() if "lora_" in name}
     layers = 2 * 4 + 2 * 8 + 4 * 2  # attention projections of 2 encoder and 2 decoder layers (x2), FFNs
     assert len(lora_tensors) == 2 * layers  # A and B of each
-    with Ran() as calls:
-        out = model(**batch)
-        out.loss.backward()
-    assert calls["feed_forward"] == 0  # the adapters' layers are not plain: the path stepped aside
+    out = model(**batch)
+    out.loss.backward()
     missing = [name for name, p in lora_tensors.items() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing
     assert not torch.allclose(out.logits, base_logits, atol=1e-3)
@@ -263,7 +240,6 @@ def test_the_whole_model_with_fast_paths_on_equals_it_with_them_off(tiny_config,
     with Ran() as calls:
         fast_run = run()
     assert calls["lean_decoding"] == 2
-    assert (calls["feed_forward"] > 0) == onednn_available()
     model.set_fast_paths(False)
     with Ran() as calls:
         plain_run = run()
