@@ -362,6 +362,25 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
         tokens = next_tokens[:, None]
 
 
+def _initial_beams(model, input_ids, pad_token_id, eos_token_id, batch_size: int, num_beams: int, max_length: int):
+    """The running and finished beams, as transformers' `_beam_search` initialises them."""
+    cur_len, device = input_ids.shape[1], input_ids.device
+    output_fill_value = (pad_token_id or eos_token_id[0]) if eos_token_id is not None else -1
+    running_sequences = torch.full((batch_size, num_beams, max_length), fill_value=output_fill_value,
+                                   dtype=torch.int64, device=device)
+    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, num_beams)
+    running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
+    running_beam_scores[:, 1:] = -1e9
+    beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
+    is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
+    is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+    running_beam_indices = torch.full((batch_size, num_beams, max_length - cur_len), fill_value=-1,
+                                      dtype=torch.int32, device=device)
+    return (running_sequences, running_sequences.detach().clone(), running_beam_scores, beam_scores,
+            is_sent_finished, is_early_stop_heuristic_unsatisfied, running_beam_indices,
+            running_beam_indices.detach().clone())
+
+
 def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
     """Beam search (or beam sampling) from the decoder start token, as `GenerationMixin._beam_search` returns it when
     `return_dict_in_generate` is off: the best `num_return_sequences` sequences per input, start token included.
@@ -386,20 +405,9 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     top_num_beam_mask = torch.cat((torch.ones(num_beams, dtype=torch.bool),
                                    torch.zeros(beams_to_keep - num_beams, dtype=torch.bool))).to(device)
 
-    # the running and finished beams, as transformers initialises them
-    output_fill_value = (pad_token_id or eos_token_id[0]) if eos_token_id is not None else -1
-    running_sequences = torch.full((batch_size, num_beams, max_length), fill_value=output_fill_value,
-                                   dtype=torch.int64, device=device)
-    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, num_beams)
-    sequences = running_sequences.detach().clone()
-    running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
-    running_beam_scores[:, 1:] = -1e9
-    beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
-    is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
-    is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
-    running_beam_indices = torch.full((batch_size, num_beams, max_length - cur_len), fill_value=-1,
-                                      dtype=torch.int32, device=device)
-    beam_indices = running_beam_indices.detach().clone()
+    (running_sequences, sequences, running_beam_scores, beam_scores, is_sent_finished,
+     is_early_stop_heuristic_unsatisfied, running_beam_indices, beam_indices) = _initial_beams(
+        model, input_ids, pad_token_id, eos_token_id, batch_size, num_beams, max_length)
 
     decoder = _start(model, generation_config, model_kwargs, group=num_beams)
     identity = torch.arange(batch_size * num_beams, device=device)
