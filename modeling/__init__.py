@@ -4,6 +4,8 @@
 them for remote code, so that `save_pretrained` writes the code beside the weights.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .configuration_vaswani import PRESETS, VaswaniConfig
@@ -27,7 +29,10 @@ VaswaniConfig.register_for_auto_class()
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version (pyproject.toml), so the two cannot disagree
+    __version__ = version("vaswani")
+except PackageNotFoundError:  # imported without being installed (e.g. the folders put on sys.path by hand)
+    __version__ = "0+unknown"
 __all__ = [
     "PRESETS",
     "VaswaniConfig",

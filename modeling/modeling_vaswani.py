@@ -41,12 +41,7 @@ class _ReferenceOnly:
 
     def __init__(self, error: Exception):
         self.error = error  # why, for whoever asks
-
-    def applies(self, *args, **kwargs) -> bool:
-        return False
-
-    def resolve(self, *args) -> dict:
-        return {}
+        self.applies, self.resolve = (lambda *args, **kwargs: False), (lambda *args: {})
 
 
 try:  # a checkpoint must load even where its fast-path files cannot be imported (another torch, a missing kernel)
@@ -173,16 +168,8 @@ class VaswaniAttention(nn.Module):
             attention_mask = None
 
         attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        out, weights = attend(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.config.attention_dropout if self.training else 0.0,
-            **kwargs,
-        )
+        dropout = self.config.attention_dropout if self.training else 0.0
+        out, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout, **kwargs)
         return self.o_proj(out.reshape(*out.shape[:2], -1)), weights
 
 
@@ -308,6 +295,15 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """Switch the fast paths at run time: True, False, or {name: bool} (names not given keep their setting)."""
         self.config._fast_paths = fast.resolve(fast_paths, self.config._fast_paths)
 
+    def mark_tied_weights_as_initialized(self, loading_info):
+        # `shared` and encoder/decoder.embed_tokens are one module: the base class marks it loaded through the tied
+        # names and drops `shared.weight` from the missing keys, so a checkpoint without any of them would load with
+        # a random embedding and no word. Keep such a source missing: it is reported, and initialised like any other.
+        ties, missing = self.all_tied_weights_keys, loading_info.missing_keys
+        absent = {s for s in ties.values() if s in missing and all(t in missing for t in ties if ties[t] == s)}
+        super().mark_tied_weights_as_initialized(loading_info)
+        loading_info.missing_keys |= absent
+
     def _init_weights(self, module: nn.Module):
         """All initialisation: Xavier-uniform projections with zero biases, normal embeddings with std `init_std`
         (default d_model ** -0.5, which `scale_embedding` brings back to unit scale), unit norms. Sinusoidal
@@ -415,32 +411,19 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
-        positions = self.embed_positions.range(
-            past_length, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device
-        )
+        positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], inputs_embeds.dtype,
+                                               inputs_embeds.device)
         hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
 
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=_attend_somewhere(attention_mask),
-            cache=cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache,
-        )
+        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        causal_mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds,
+                                         attention_mask=_attend_somewhere(attention_mask), cache=self_attention_cache)
         encoder_attention_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=_attend_somewhere(encoder_attention_mask),
-            encoder_hidden_states=encoder_hidden_states,
-        )
-        for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                causal_mask,
-                encoder_hidden_states,  # positional, for gradient checkpointing
-                encoder_attention_mask=encoder_attention_mask,
-                cache=cache,
-                **kwargs,
-            )
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(encoder_attention_mask),
+            encoder_hidden_states=encoder_hidden_states)
+        for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
+            hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
@@ -504,15 +487,9 @@ class VaswaniModel(VaswaniPreTrainedModel):
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
             )
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask,
-            cache=cache,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
+            cache=cache, inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs)
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             cache=decoder_outputs.cache,
@@ -630,17 +607,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
+            input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs, cache=cache,
+            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs)
         logits = self.lm_head(outputs.last_hidden_state)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias.to(logits.dtype)

@@ -1,4 +1,4 @@
-"""What several test files share: the repository's paths, a script of scripts/ loaded as a module, a tiny G2P
+"""What several test files share: the repository's path, a script of scripts/ loaded as a module, a tiny G2P
 checkpoint like the training loop writes, a subprocess runner that leaves nothing behind, and the preamble of scripts
 that must run without `vaswani`."""
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CMUDICT = REPO / "data" / "cmudict-g2p" / "g014b2b.train.tsv"
 
 
 def load_script(name: str):
@@ -27,7 +26,9 @@ def load_script(name: str):
 
 def write_g2p_sample(path: Path, lines: int = 300) -> Path:
     """The first `lines` lines of the CMUdict split, as a WORD<TAB>PHONEMES file."""
-    with open(CMUDICT, encoding="utf-8") as f:
+    from vaswani.training.data import default_g2p_file
+
+    with default_g2p_file().open(encoding="utf-8") as f:
         path.write_text("".join(next(f) for _ in range(lines)), encoding="utf-8")
     return path
 

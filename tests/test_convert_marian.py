@@ -8,7 +8,6 @@ on the sentences below, and opus-mt's generation settings (beam 4, pad banned, f
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from vaswani.training.convert_marian import ConversionError, marian_to_vaswani, 
 
 # MarianTokenizer asks for sacremoses (punctuation normalisation) on every load; not needed for these checks.
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
-ROOT = Path(__file__).resolve().parents[1]
 _SUBJECTS = ["the cat", "a small dog", "my old friend", "the teacher", "our neighbour", "the little bird"]
 _VERBS = ["sees", "likes", "helps", "calls", "follows"]
 _OBJECTS = ["the house", "a red ball", "the green garden", "his brother", "the river"]
@@ -348,11 +346,8 @@ def test_unrepresentable_vaswani_configs_are_refused(tmp_path, overrides, messag
 def test_script_converts_and_reports_bad_input_in_one_line(tmp_path, tokenizer_dir, capsys):
     # In-process (a fresh interpreter costs seconds of imports): main() returns the exit status and prints
     # ConversionError as one line, so anything that would have become a traceback fails this test instead.
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import convert_marian as script
-    finally:
-        sys.path.pop(0)
+    from vaswani.training import convert_marian as script
+
     source = make_marian(tmp_path / "marian", tokenizer_dir, encoder_layers=1, decoder_layers=1)
     assert script.main([str(source), str(tmp_path / "vaswani")]) == 0
     assert script.main([str(tmp_path / "vaswani"), str(tmp_path / "back"), "--to-marian"]) == 0
@@ -366,4 +361,4 @@ def test_script_converts_and_reports_bad_input_in_one_line(tmp_path, tokenizer_d
     ):
         assert script.main(argv) == 2
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("convert_marian: error: ") and message in lines[0]
+        assert len(lines) == 1 and lines[0].startswith("vaswani-convert-marian: error: ") and message in lines[0]

@@ -11,7 +11,6 @@ from transformers import AutoModel, AutoModelForSeq2SeqLM, EncoderDecoderCache
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 from vaswani.modeling_vaswani import _unpad_keys_for_flash
-from vaswani.positions_vaswani import SinusoidalPositions
 from helpers import VOCAB, make_model, padded_batch, rel_err  # noqa: F401
 
 @pytest.mark.parametrize("normalize_before", [False, True])
@@ -200,22 +199,6 @@ def test_greedy_generate_equals_hand_written_argmax_loop(tiny_config):
     assert torch.equal(generated, ids)
 
 
-@pytest.mark.parametrize("layout", ["sinusoidal_interleaved", "sinusoidal_split"])
-def test_positions_equal_float64_formula(layout):
-    d_model, positions = 32, torch.arange(0, 3000, 7)
-    got = SinusoidalPositions(d_model, layout)(positions, torch.float64)
-    expected = torch.empty(len(positions), d_model, dtype=torch.float64)
-    for row, pos in enumerate(positions.tolist()):
-        for i in range(d_model // 2):
-            angle = pos / 10000 ** (2 * i / d_model)
-            if layout == "sinusoidal_interleaved":
-                expected[row, 2 * i], expected[row, 2 * i + 1] = math.sin(angle), math.cos(angle)
-            else:
-                expected[row, i], expected[row, d_model // 2 + i] = math.sin(angle), math.cos(angle)
-    assert (got - expected).abs().max() < 1e-12
-    assert (SinusoidalPositions(d_model, layout)(positions, torch.float32).double() - expected).abs().max() < 1e-6
-
-
 def test_positions_are_not_in_the_state_dict_and_survive_init(tiny_config):
     model = make_model(tiny_config)
     assert not [k for k in model.state_dict() if "position" in k]
@@ -243,17 +226,6 @@ def test_decoder_positions_continue_from_cache_length(tiny_config):
     positions.range = lambda start, length, *args: seen.append((start, length)) or lookup(start, length, *args)
     model.generate(input_ids=torch.randint(4, VOCAB, (1, 5)), max_new_tokens=3, min_new_tokens=3)
     assert seen == [(0, 1), (1, 1), (2, 1)]
-
-
-def test_cached_position_table_equals_the_formula_as_it_grows(tiny_config):
-    positions = SinusoidalPositions(16, "sinusoidal_split")
-    for start, length in [(0, 3), (60, 10), (1000, 5), (5, 2)]:
-        expected = positions(torch.arange(start, start + length), torch.float32)
-        assert torch.equal(positions.range(start, length, torch.float32, torch.device("cpu")), expected)
-    model = make_model(tiny_config)
-    model.init_weights()  # re-initialising the model cannot touch computed positions
-    table = model.model.encoder.embed_positions.range(0, 8, torch.float64, torch.device("cpu"))
-    assert table[3, 1].item() == pytest.approx(math.cos(3.0), abs=1e-12)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -462,6 +434,39 @@ def test_save_load_round_trip_exact(tiny_config, tmp_path):
     batch = padded_batch(17)
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, loaded(**batch).logits)
+
+
+@pytest.mark.parametrize("model_class, key", [(VaswaniForConditionalGeneration, "model.shared.weight"),
+                                              (VaswaniModel, "shared.weight")])
+def test_checkpoint_without_the_shared_embedding_reports_it_missing(tiny_config, tmp_path, caplog, model_class, key):
+    """The embedding is one module under three names: a file without it must say so (loading info and the load
+    report), not load silently with a random embedding; a file with only a tied copy loads that copy."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    model_class(tiny_config).save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    embedding = weights.pop(key)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(caplog.handler)
+    try:
+        loaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    finally:
+        transformers_logger.removeHandler(caplog.handler)
+    assert key in info["missing_keys"]
+    report = "\n".join(r.getMessage() for r in caplog.records if "LOAD REPORT" in r.getMessage())
+    assert key in report and "MISSING" in report
+    shared = loaded.get_input_embeddings().weight
+    assert torch.isfinite(shared).all() and shared.std() > 0  # initialised like any missing weight, and still tied
+    base = loaded.model if model_class is VaswaniForConditionalGeneration else loaded
+    assert base.encoder.embed_tokens.weight is shared and base.decoder.embed_tokens.weight is shared
+
+    weights[key.replace("shared", "encoder.embed_tokens")] = embedding
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    loaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] == set() and torch.equal(loaded.get_input_embeddings().weight, embedding)
 
 
 def test_auto_classes(tiny_config):

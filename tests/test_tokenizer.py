@@ -1,6 +1,5 @@
-"""VaswaniTokenizer and its training (tokenizer/), and scripts/train_tokenizer.py."""
+"""VaswaniTokenizer, its training (tokenizer/) and its command line vaswani-train-tokenizer."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,12 +10,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from vaswani.tokenizer import TokenizerTrainingError, VaswaniTokenizer, train_tokenizer
+from vaswani.tokenizer import train_vaswani_tokenizer as command
+from vaswani.training.data import default_g2p_file
 
 
 REPO = Path(__file__).resolve().parents[1]
-CMUDICT = REPO / "data" / "cmudict-g2p" / "g014b2b.train.tsv"
-if not CMUDICT.exists():
-    CMUDICT = REPO.parent / "shared" / "data" / "cmudict-g2p" / "g014b2b.train.tsv"
 
 MULTILINGUAL = [
     "The quick brown fox jumps over the lazy dog.",
@@ -53,16 +51,9 @@ def unigram(corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cmudict_sample(tmp_path_factory):
     path = tmp_path_factory.mktemp("g2p") / "sample.tsv"
-    with open(CMUDICT, encoding="utf-8") as f:
+    with default_g2p_file().open(encoding="utf-8") as f:
         path.write_text("".join(next(f) for _ in range(3000)), encoding="utf-8")
     return path
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_tokenizer_script", REPO / "scripts" / "train_tokenizer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_round_trip_multilingual(unigram):
@@ -232,7 +223,7 @@ def test_missing_model_file(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "directory", "not_utf8", "empty", "vocab_too_big", "vocab_too_small"])
 def test_script_bad_input_in_process(case, corpus, tmp_path, capsys):
-    script = _load_script()
+    script = command
     inputs = {"missing": tmp_path / "nope.txt", "directory": tmp_path, "not_utf8": tmp_path / "latin1.txt",
               "empty": tmp_path / "empty.txt"}.get(case, corpus)
     (tmp_path / "latin1.txt").write_bytes("café\n".encode("latin-1"))
@@ -260,3 +251,24 @@ def test_script_subprocess_one_line_error(corpus, tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     largest = int(lines[0].rsplit(" ", 1)[1])
     assert 300 < largest < 100000
+
+
+def test_vocab_too_small_for_byte_fallback_names_the_flag_and_the_smallest_size(corpus, tmp_path, capsys):
+    """The case of the issue (unigram, 200 < the 260 reserved ids): the message names --no-byte_fallback and the
+    smallest sizes, with and without byte pieces, and both sizes train."""
+    for model_type in ("unigram", "bpe"):
+        with pytest.raises(SystemExit) as exit_info:
+            command.main(["--input", str(corpus), "--vocab_size", "200", "--model_type", model_type,
+                          "--output_dir", str(tmp_path / "out")])
+        message = exit_info.value.code
+        assert "--no-byte_fallback" in message and "\n" not in message, message
+        smallest = int(message.split("pass --vocab_size ")[1].split()[0])
+        without = int(message.split("--no-byte_fallback (then ")[1].split()[0])
+        assert smallest == without + 256 and 260 < smallest <= 440
+        assert len(train_tokenizer([corpus], tmp_path / f"{model_type}-bf", smallest, model_type)) == smallest
+        assert len(train_tokenizer([corpus], tmp_path / f"{model_type}-nobf", without, model_type,
+                                   byte_fallback=False)) == without
+        with pytest.raises(TokenizerTrainingError, match="too small"):
+            train_tokenizer([corpus], tmp_path / "x", smallest - 1, model_type)
+    with pytest.raises(TokenizerTrainingError, match=r"--vocab_size 261 or more, or --no-byte_fallback \(then 5"):
+        train_tokenizer([corpus], tmp_path / "word", 200, "word", byte_fallback=True)

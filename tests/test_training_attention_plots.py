@@ -1,14 +1,14 @@
-"""scripts/plot_attention.py and training/attention_plots.py, on a tiny checkpoint."""
+"""vaswani-plot-attention and training/attention_plots.py, on a tiny checkpoint."""
 
 import numpy as np
 
-from helpers import load_script
+from vaswani.training import attention_plots
 
 
 def test_plot_attention_writes_three_pngs(checkpoint, tmp_path, capsys):
-    plot_attention = load_script("plot_attention")
-    maps, paths = plot_attention.main([str(checkpoint), "TRANSFORMER", "--output_dir", str(tmp_path),
-                                       "--max_new_tokens", "6"])
+    args = attention_plots.build_parser().parse_args([str(checkpoint), "TRANSFORMER", "--output_dir", str(tmp_path),
+                                                      "--max_new_tokens", "6"])
+    maps, paths = attention_plots.plot_checkpoint(args)
     printed = capsys.readouterr().out.split()
     assert printed == [str(p) for p in paths]
     assert sorted(p.name for p in paths) == ["cross_attention.png", "decoder_self_attention.png",

@@ -1,10 +1,14 @@
+"""training/data.py: the shipped CMUdict split (a package resource) and its dev rule, and the user's data files
+with their errors (each names the file, the line and the fix)."""
+
 import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-from vaswani.training.data import DEFAULT_G2P_PATH, is_dev_word, load_g2p, load_parallel_data, read_g2p
+from vaswani.data import data_file
+from vaswani.training.data import default_g2p_file, is_dev_word, load_g2p, load_parallel_data, read_g2p
 
 SHA256 = "5882433c3a14a9a0614b5f724ce74872851092e816852c82d6b74913b2085384"
 
@@ -15,8 +19,18 @@ def g2p():
 
 
 def test_shipped_data_is_the_original_file_with_its_notice():
-    assert hashlib.sha256(DEFAULT_G2P_PATH.read_bytes()).hexdigest() == SHA256
-    assert (DEFAULT_G2P_PATH.parent / "SOURCE.md").is_file()
+    assert hashlib.sha256(default_g2p_file().read_bytes()).hexdigest() == SHA256
+    assert "CMU Pronouncing Dictionary" in data_file("cmudict-g2p", "SOURCE.md").read_text(encoding="utf-8")
+    assert "{{ card_data }}" in data_file("model_card.md").read_text(encoding="utf-8")
+
+
+def test_no_library_file_looks_for_files_next_to_the_repository():
+    """Shipped files are package resources; a path built from a module's own location breaks in a wheel."""
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("modeling", "tokenizer", "training", "data"):
+        for path in (root / folder).glob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            assert "Path(__file__)" not in text and "os.path.dirname(__file__)" not in text, path
 
 
 def test_dev_split_whole_words_and_documented_sizes(g2p):
@@ -30,7 +44,7 @@ def test_dev_split_whole_words_and_documented_sizes(g2p):
 
 
 def test_dev_references_hold_every_pronunciation(g2p):
-    lines = DEFAULT_G2P_PATH.read_text(encoding="utf-8").splitlines()
+    lines = default_g2p_file().read_text(encoding="utf-8").splitlines()
     expected: dict[str, list[str]] = {}
     for line in lines:
         word, phones = line.split("\t")
@@ -64,6 +78,10 @@ def test_g2p_file_errors(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no entries"):
         read_g2p(empty)
+    three = tmp_path / "three.tsv"
+    three.write_text("CAT\tK AE T\nDOG\tD AO G\tnoun\n")
+    with pytest.raises(ValueError, match="three.tsv:2: 3 tab-separated fields; a G2P line has 2"):
+        read_g2p(three)
 
 
 ROWS = [{"src": "hello world", "tgt": "hallo welt"}, {"src": 'say "hi"', "tgt": "sag hallo"}]
@@ -108,9 +126,47 @@ def test_user_data_errors(tmp_path):
         load_parallel_data(header_only, cache_dir=cache)
     holes = tmp_path / "holes.csv"
     holes.write_text("source,target\na,b\nc,\n")
-    with pytest.raises(ValueError, match="1 row.*empty 'target'.*row 1"):
+    with pytest.raises(ValueError, match="1 row.*empty 'target'.*line 3"):
         load_parallel_data(holes, cache_dir=cache)
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"source": "a", "target": "b"}\n{"source": "c"\n')
+    with pytest.raises(ValueError, match="bad.jsonl: line 2 is not JSON"):
+        load_parallel_data(bad_json, cache_dir=cache)
+
+
+def test_unknown_format_names_the_formats_taken(tmp_path):
     other = tmp_path / "data.parquet.txt"
     other.write_text("x")
-    with pytest.raises(ValueError, match="extension"):
-        load_parallel_data(other, cache_dir=cache)
+    for path in (other, tmp_path / "missing.txt"):
+        with pytest.raises(ValueError) as error:
+            load_parallel_data(path, cache_dir=str(tmp_path / "cache"))
+        assert all(f in str(error.value) for f in (".tsv", ".csv", ".jsonl", "Hub dataset")), error.value
+
+
+def test_rows_with_different_field_counts_name_the_file_the_line_and_the_counts(tmp_path):
+    """The case of the issue: a first line of one field (read as a header by pandas, whose index name leaked out)."""
+    ragged = tmp_path / "ragged.tsv"
+    ragged.write_text("HELLO\nWORLD\tW ER L D\n")
+    with pytest.raises(ValueError) as error:
+        load_parallel_data(ragged, cache_dir=str(tmp_path / "cache"))
+    message = str(error.value)
+    assert "ragged.tsv" in message and "line 2 has 2 tab-separated field(s), but line 1 has 1" in message
+    assert "__" not in message  # no internal names (pandas' __index_level_0__, our renames)
+    csv_file = tmp_path / "ragged.csv"
+    csv_file.write_text('source,target\na,b\n"c, d",e,f\n')
+    with pytest.raises(ValueError, match="ragged.csv: line 3 has 3 comma-separated field.*line 1 has 2"):
+        load_parallel_data(csv_file, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError) as error:
+        load_parallel_data(_write(tmp_path, "tsv"), "word", "phonemes", cache_dir=str(tmp_path / "cache"))
+    assert "no column 'word'" in str(error.value) and "__" not in str(error.value)
+
+
+def test_headerless_two_column_tsv_reads_like_the_default_data(tmp_path):
+    lines = default_g2p_file().read_text(encoding="utf-8").splitlines()[:50]
+    path = tmp_path / "words.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = load_parallel_data(path, cache_dir=str(tmp_path / "cache"))
+    assert list(zip(data["source"], data["target"])) == [tuple(line.split("\t")) for line in lines]
+    named = tmp_path / "named.tsv"
+    named.write_text("source\ttarget\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    assert list(load_parallel_data(named, cache_dir=str(tmp_path / "cache"))["source"]) == list(data["source"])

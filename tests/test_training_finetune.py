@@ -1,4 +1,4 @@
-"""scripts/finetune.py and training/finetune.py, on a tiny checkpoint: collation, gradient accumulation with
+"""vaswani-finetune (training/finetune.py), on a tiny checkpoint: collation, gradient accumulation with
 Seq2SeqTrainer, the metrics, the data, and the script end to end (main(argv) in-process)."""
 
 import json
@@ -6,8 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from helpers import load_script
 
 
 def test_collator_pads_labels_with_minus_100(loaded):
@@ -80,14 +78,15 @@ def test_trainer_gradient_accumulation_equals_full_batch(loaded, tmp_path, smoot
 def test_finetune_script_end_to_end(checkpoint, g2p_sample, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    finetune = load_script("finetune")
+    from vaswani.training import finetune
+
     output_dir = tmp_path / "ft"
-    trainer = finetune.main([
+    trainer = finetune.run_finetune(finetune.build_parser().parse_args([
         "--model", str(checkpoint), "--output_dir", str(output_dir), "--g2p_file", str(g2p_sample),
         "--dev_percent", "20", "--max_train_samples", "200", "--max_eval_samples", "16", "--max_steps", "16",
         "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3",
         "--label_smoothing_factor", "0.1", "--logging_steps", "1", "--disable_tqdm",
-    ])
+    ]))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 16
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.2, losses
@@ -119,7 +118,8 @@ def test_g2p_compute_metrics_uses_all_references(loaded):
 
 
 def test_finetune_script_on_parallel_text_reports_bleu_chrf(checkpoint, g2p_sample, tmp_path):
-    finetune = load_script("finetune")
+    from vaswani.training import finetune
+
     rows = [line.split("\t") for line in g2p_sample.read_text(encoding="utf-8").splitlines()]
     for name, part in (("train.tsv", rows[:64]), ("dev.tsv", rows[64:72])):
         (tmp_path / name).write_text("word\tphonemes\n" + "".join(f"{w}\t{p}\n" for w, p in part), encoding="utf-8")
@@ -127,7 +127,7 @@ def test_finetune_script_on_parallel_text_reports_bleu_chrf(checkpoint, g2p_samp
         "--model", str(checkpoint), "--output_dir", str(tmp_path / "ft"), "--train_file", str(tmp_path / "train.tsv"),
         "--validation_file", str(tmp_path / "dev.tsv"), "--source_column", "word", "--target_column", "phonemes",
         "--max_steps", "2", "--per_device_train_batch_size", "16", "--disable_tqdm",
-    ])
+    ]) == 0
     results = json.loads((tmp_path / "ft" / "eval_results.json").read_text())
     assert {"eval_bleu", "eval_chrf"} <= set(results) and "eval_wer" not in results
 

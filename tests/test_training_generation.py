@@ -1,5 +1,6 @@
-"""scripts/generate.py and training/generation.py, on a tiny checkpoint: one case runs generate.py as a real
-subprocess reading stdin, the others call its main(argv) in-process (imports cost seconds per subprocess)."""
+"""vaswani-generate (training/generation.py, also scripts/generate.py), on a tiny checkpoint: one case runs
+scripts/generate.py as a real subprocess reading stdin, the others call main(argv) in-process (imports cost seconds
+per subprocess)."""
 
 import os
 import subprocess
@@ -8,7 +9,9 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, load_script
+from helpers import REPO
+
+from vaswani.training import generation as generate
 
 WORDS = ["TRANSFORMER", "AB", "ATTENTION", "A", "", "AACHEN", "ZYX", "ABBREVIATE", "AB"]
 
@@ -42,7 +45,6 @@ def test_generate_stdin_subprocess(checkpoint, loaded):
 
 
 def test_generate_file_input_order_and_beam(checkpoint, loaded, tmp_path, capsys):
-    generate = load_script("generate")
     words = WORDS * 3  # 27 lines, batches of 5 mix lengths from across the file
     path = tmp_path / "words.txt"
     path.write_text("\n".join(words) + "\n", encoding="utf-8")
@@ -61,7 +63,6 @@ def test_generate_file_input_order_and_beam(checkpoint, loaded, tmp_path, capsys
 
 
 def test_generate_missing_checkpoint_is_one_line(tmp_path):
-    generate = load_script("generate")
     with pytest.raises(SystemExit) as error:
         generate.main([str(tmp_path / "no-such-run"), "--input", os.devnull, "--threads", "1"])
     message = str(error.value.code)

@@ -1,5 +1,6 @@
-"""scripts/train.py and vaswani.training.loop: exact resume after SIGKILL, the Hub-ready folder (clean-interpreter load,
-model card, push file list), data-parallel training on 2 CPU processes, argument errors.
+"""vaswani-train (run as scripts/train.py) and vaswani.training.loop: exact resume after SIGKILL, the Hub-ready folder
+(clean-interpreter load, model card, push file list), data-parallel training on 2 CPU processes, progress lines and
+the closing summary, argument and data errors.
 
 Every run is a subprocess on a few hundred CMUdict lines with the tiny preset, one thread per process.
 """
@@ -23,7 +24,7 @@ from helpers import REFUSE_VASWANI, run_group
 from safetensors.torch import load_file
 
 from vaswani.training import cli
-from vaswani.training.data import DEFAULT_G2P_PATH, read_g2p
+from vaswani.training.data import default_g2p_file, read_g2p
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "scripts" / "train.py"
@@ -48,7 +49,7 @@ def _run(args, tmp_path, launcher=(), timeout=240, **env):
 def workspace(tmp_path_factory):
     """A slice of CMUdict (every 400th line: ~280 lines, ~25 dev words) and a tokenizer trained on it once."""
     root = tmp_path_factory.mktemp("train_loop")
-    lines = DEFAULT_G2P_PATH.read_text(encoding="utf-8").splitlines()[::400]
+    lines = default_g2p_file().read_text(encoding="utf-8").splitlines()[::400]
     data = root / "g2p.tsv"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     from vaswani.training.tasks import build_tokenizer, load_task_data
@@ -82,6 +83,12 @@ def test_end_to_end_output_folder(trained):
     assert [h["step"] for h in metrics["history"]] == [10, 20]
     assert set(metrics["examples"]) == {"HELLO", "PYTORCH"}
     assert "Dev (" in result.stdout and "WER" in result.stdout
+    # --no_progress_bar: one line per log_every (20) updates; the run ends with a one-line summary
+    assert any(line.startswith("step 20/20: loss ") and "target tokens/s" in line and line.endswith(" left")
+               for line in result.stdout.splitlines()), result.stdout[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("Done: 20 updates (stopped by max_steps), best step ") and " dev WER " in last, last
+    assert "% PER " in last and last.endswith(f"the model is in {out}")
     config = json.loads((out / "config.json").read_text())
     from vaswani import VaswaniTokenizer
 
@@ -357,6 +364,78 @@ def test_two_processes_resume_exactly_from_each_rank_s_own_state(workspace, tmp_
     assert json.loads((split / "config.json").read_text())["dropout"] == 0.1
 
 
+def test_translation_task_trains_on_a_headerless_two_column_tsv(workspace, tmp_path):
+    """A TSV without a header (two columns, as the shipped G2P file) is source and target, for any task."""
+    out = tmp_path / "headerless"
+    result = _run(["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"),
+                   "--preset", "tiny", "--max_steps", "2", "--max_tokens", "150", "--num_beams", "1",
+                   "--no_progress_bar", "--no_tensorboard", "--eval_every", "0", "--save_every", "0",
+                   "--output_dir", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "translation" and metrics["steps"] == 2 and {"bleu", "chrf"} <= set(metrics["dev"])
+
+
+def test_unknown_train_file_format_names_the_formats_taken(tmp_path, capsys):
+    data = tmp_path / "pairs.txt"
+    data.write_text("a\tb\n")
+    with pytest.raises(SystemExit) as error:
+        cli.parse_args(["--train_file", str(data)])
+    err = capsys.readouterr().err
+    assert error.value.code == 2 and "pairs.txt" in err
+    assert all(f in err for f in (".tsv", ".csv", ".jsonl", "Hub dataset")), err
+
+
+class _Bar:
+    def __init__(self):
+        self.written = []
+
+    def write(self, line):
+        self.written.append(line)
+
+
+def _bare_run(tmp_path, **settings):
+    """A TrainingRun with just the state its progress and logging methods read (no model, no data)."""
+    from vaswani.training.loop import TrainingRun, TrainingSettings
+    from vaswani.training.tasks import TaskData
+
+    run = TrainingRun.__new__(TrainingRun)
+    run.settings = TrainingSettings(output_dir=str(tmp_path), **settings)
+    run.data = TaskData("g2p", [], ["A"] * 100, [["EY"]] * 100, "test")
+    run.dev_sources, run.eval_seconds_per_source, run.loader = ["A"] * 10, 0.01, [None] * 50
+    run.main, run.writer, run.bar, run.history, run.log_path = True, None, _Bar(), [], tmp_path / "log.jsonl"
+    return run
+
+
+def test_progress_total_and_time_left_follow_the_budget_that_ends_first(tmp_path, monkeypatch):
+    from vaswani.training import loop
+    from vaswani.training.time_budget import Deadline
+
+    now = [1000.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+    run = _bare_run(tmp_path, max_steps=30000, time_budget="15m")
+    run.deadline = Deadline("15m", clock=lambda: now[0])
+    run.start_time, run.start_step, run.step = now[0], 0, 0
+    assert run.expected_end() == (30000, None)  # no pace measured yet
+    now[0] += 100.0
+    run.step = 1000  # 0.1 s per update: the time budget ends first
+    end, left = run.expected_end()
+    reserve = run.final_reserve()
+    assert end == 1000 + int((800 - reserve) / 0.1) and left == pytest.approx((end - 1000) * 0.1)
+    assert end < 30000 and 700 < left < 800
+    run.settings.max_steps = 1500  # now the step budget ends first
+    assert run.expected_end() == (1500, pytest.approx(50.0))
+    run.settings.max_steps, run.settings.max_epochs, run.deadline, run.step = None, 3, None, 100
+    assert run.expected_end() == (150, pytest.approx(50.0))  # 3 epochs of 50 batches, 1 s per update
+
+
+def test_evaluation_lines_go_through_the_progress_bar(tmp_path):
+    run = _bare_run(tmp_path, max_steps=10)
+    run.step, run.epoch, run.best = 10, 0, {"step": 10, "value": 50.0, "metric": "wer"}
+    run._log_evaluation({"loss": 1.5, "wer": 50.0, "per": 10.0, "seconds": 0.5})
+    assert run.bar.written == ["step 10: dev loss 1.5000 wer 50.00 per 10.00 (10 dev, 0.5s; best step 10)"]
+
+
 def test_missing_train_file_is_a_clear_error(capsys):
     with pytest.raises(SystemExit) as error:
         cli.main(["--train_file", "no/such/file.tsv"])
@@ -424,7 +503,7 @@ def test_flag_defaults_are_the_settings_defaults_except_the_task_recipe():
 
 
 def test_words_shown_after_g2p_training_are_not_in_the_training_file():
-    lexicon = read_g2p(DEFAULT_G2P_PATH)
+    lexicon = read_g2p(default_g2p_file())
     assert [w for w in cli.G2P_NEW_WORDS if w in lexicon] == []
 
 

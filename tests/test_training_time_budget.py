@@ -1,6 +1,6 @@
 import pytest
 
-from vaswani.training.time_budget import Deadline, parse_duration
+from vaswani.training.time_budget import Deadline, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -24,3 +24,8 @@ def test_deadline_with_fake_clock():
     assert deadline.remaining() == 60 and not deadline.expired()
     now[0] = 160.0
     assert deadline.expired() and deadline.elapsed() == 60
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 44.6, 60, 725, 3600, 4020, -3)] == \
+        ["0s", "45s", "1m00s", "12m05s", "1h00m", "1h07m", "0s"]

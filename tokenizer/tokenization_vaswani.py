@@ -86,7 +86,7 @@ class VaswaniTokenizer(SentencePieceBackend):
         folder, name = os.fspath(pretrained_model_name_or_path), cls.vocab_files_names["vocab_file"]
         if os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, name)):
             raise FileNotFoundError(f"{folder} has no {name}: not a saved VaswaniTokenizer (train one with "
-                                    f"scripts/train_tokenizer.py or vaswani.tokenizer.train_tokenizer)")
+                                    f"vaswani-train-tokenizer or vaswani.tokenizer.train_tokenizer)")
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     # `__call__(text_target=...)` switches modes around encoding the targets.

@@ -1,8 +1,19 @@
-"""Train the shared SentencePiece model from the user's corpus and save a VaswaniTokenizer folder."""
+"""Train the shared SentencePiece model from the user's corpus and save a VaswaniTokenizer folder; `main` is the
+command line `vaswani-train-tokenizer` (also `python scripts/train_tokenizer.py`).
 
+Subword vocabulary for translation (one sentence per line, source and target files together):
+    vaswani-train-tokenizer --input train.de train.en --vocab_size 32000 --model_type unigram --output_dir tok/
+Grapheme-to-phoneme (TSV `WORD<TAB>PH PH PH`): letters and phonemes in one symbol vocabulary, every source word
+spelled out into letters, every phoneme one piece:
+    vaswani-train-tokenizer --input words.tsv --columns 0 1 --spell_source --model_type word --vocab_size 54 \\
+        --output_dir tok/
+"""
+
+import argparse
 import io
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -82,8 +93,9 @@ def train_tokenizer(
     usual choice for MT but changes e.g. full-width characters, so round trips are not exact.
     Same corpus and arguments (num_threads included) give a byte-identical model: every sentence
     is used (no sampling) and the seed is fixed; 1 thread and 2 threads give different models.
-    Raises TokenizerTrainingError for unreadable or empty input and for a vocabulary size the
-    corpus cannot fill (the message says the largest that works).
+    Raises TokenizerTrainingError for unreadable or empty input, for a vocabulary size the
+    corpus cannot fill (the message says the largest that works) and for one too small for the
+    characters and reserved pieces (the message says the smallest, with and without byte fallback).
     """
     if model_type not in MODEL_TYPES:
         raise TokenizerTrainingError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
@@ -103,7 +115,7 @@ def train_tokenizer(
     sentences = list(read_corpus(inputs, columns, spell_source))
     if not sentences:
         raise TokenizerTrainingError(f"the corpus is empty: no non-blank lines in {', '.join(map(str, inputs))}")
-    _check_room(vocab_size, byte_fallback, user_defined_symbols)
+    _check_room(vocab_size, model_type, byte_fallback, user_defined_symbols)
 
     model = _train_piece_model(sentences, model_type, vocab_size, character_coverage=character_coverage,
                                byte_fallback=byte_fallback, user_defined_symbols=user_defined_symbols,
@@ -118,16 +130,19 @@ def train_tokenizer(
     return VaswaniTokenizer.from_pretrained(output_dir)
 
 
-def _check_room(vocab_size: int, byte_fallback: bool, user_defined_symbols: list[str]) -> None:
-    """Raises TokenizerTrainingError when the reserved ids leave no room for learned pieces."""
+def _check_room(vocab_size: int, model_type: str, byte_fallback: bool, user_defined_symbols: list[str]) -> None:
+    """Raises TokenizerTrainingError when the reserved ids leave no room for learned pieces (word/char models; for
+    unigram/bpe SentencePiece also counts the characters it must keep, and `_too_small` names the smallest size)."""
     reserved = len(SPECIAL_TOKENS) + len(user_defined_symbols) + (256 if byte_fallback else 0)
-    if vocab_size <= reserved:
-        raise TokenizerTrainingError(
-            f"vocab_size={vocab_size} leaves no room for pieces: {len(SPECIAL_TOKENS)} special tokens"
-            + (", 256 byte-fallback pieces" if byte_fallback else "")
-            + (f", {len(user_defined_symbols)} user-defined symbols" if user_defined_symbols else "")
-            + f" already take {reserved} ids"
-        )
+    if model_type in ("unigram", "bpe") or vocab_size > reserved:
+        return
+    raise TokenizerTrainingError(
+        f"vocab_size={vocab_size} leaves no room for pieces: {len(SPECIAL_TOKENS)} special tokens"
+        + (", 256 byte-fallback pieces" if byte_fallback else "")
+        + (f", {len(user_defined_symbols)} user-defined symbols" if user_defined_symbols else "")
+        + f" already take {reserved} ids; pass --vocab_size {reserved + 1} or more"
+        + (f", or --no-byte_fallback (then {reserved - 255} or more)" if byte_fallback else "")
+    )
 
 
 def _train_piece_model(sentences: list[str], model_type: str, vocab_size: int, *, character_coverage: float,
@@ -162,26 +177,38 @@ def _train_piece_model(sentences: list[str], model_type: str, vocab_size: int, *
             minloglevel=2,
         )
     except RuntimeError as error:
-        raise TokenizerTrainingError(_explain_sentencepiece_error(str(error), vocab_size, model_type)) from None
+        raise TokenizerTrainingError(_explain_sentencepiece_error(str(error), vocab_size, model_type, byte_fallback,
+                                                                  len(user_defined_symbols))) from None
     trained = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
     if trained != vocab_size:  # the char model stops at the corpus' alphabet instead of failing
         raise TokenizerTrainingError(_too_high(vocab_size, model_type, trained))
     return model.getvalue()
 
 
-def _explain_sentencepiece_error(message: str, vocab_size: int, model_type: str) -> str:
+def _explain_sentencepiece_error(message: str, vocab_size: int, model_type: str, byte_fallback: bool,
+                                 num_user_symbols: int) -> str:
     too_high = re.search(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
     if too_high:
         return _too_high(vocab_size, model_type, int(too_high.group(2)))
     too_low = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", message)
     if too_low:
-        return (
-            f"vocab_size={vocab_size} is too small: the characters kept (character_coverage), special tokens "
-            f"and byte pieces need at least {too_low.group(2)}; raise vocab_size or lower character_coverage"
-        )
+        return _too_small(vocab_size, int(too_low.group(2)), byte_fallback, num_user_symbols)
     # "INTERNAL: src/trainer_interface.cc(123) [check] message": keep the message
     first_line = message.strip().splitlines()[0] if message.strip() else "unknown error"
     return "sentencepiece training failed: " + re.sub(r"^.*?\)\s*(\[.*?\]\s*)?", "", first_line)
+
+
+def _too_small(vocab_size: int, smallest: int, byte_fallback: bool, num_user_symbols: int) -> str:
+    """SentencePiece's smallest size is exact: every character kept (character_coverage) plus the reserved pieces,
+    so without the 256 byte pieces it is 256 less."""
+    reserved = len(SPECIAL_TOKENS) + num_user_symbols + (256 if byte_fallback else 0)
+    parts = f"{len(SPECIAL_TOKENS)} special tokens" + (", 256 byte-fallback pieces" if byte_fallback else "") + (
+        f", {num_user_symbols} user-defined symbols" if num_user_symbols else "")
+    return (f"vocab_size={vocab_size} is too small: {parts} and the {smallest - reserved} characters kept "
+            f"(character_coverage) need at least {smallest}; pass --vocab_size {smallest} or more"
+            + (f", or --no-byte_fallback (then {smallest - 256} or more: unseen characters become <unk>)"
+               if byte_fallback else "")
+            + ", or lower --character_coverage")
 
 
 def _too_high(vocab_size: int, model_type: str, largest: int) -> str:
@@ -189,3 +216,49 @@ def _too_high(vocab_size: int, model_type: str, largest: int) -> str:
         f"vocab_size={vocab_size} is more than this corpus can fill with model_type={model_type}: "
         f"the largest it can fill is {largest}"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaswani-train-tokenizer", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train the shared SentencePiece tokenizer on a corpus and save it as a loadable folder.",
+        epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text or TSV files")
+    parser.add_argument("--output_dir", required=True, help="folder for spm.model and tokenizer_config.json")
+    parser.add_argument("--vocab_size", type=int, required=True, help="pieces, special tokens included")
+    parser.add_argument("--model_type", choices=MODEL_TYPES, default="unigram")
+    parser.add_argument("--columns", type=int, nargs="+", default=None, metavar="N",
+                        help="read tab-separated columns N... (from 0) of each line as separate sentences; the first "
+                             "is the source")
+    parser.add_argument("--tsv", action="store_true", help="same as --columns 0 1")
+    parser.add_argument("--spell_source", action="store_true",
+                        help="spell the source (first column) out into characters, here and whenever the tokenizer "
+                             "encodes a source")
+    parser.add_argument("--character_coverage", type=float, default=None,
+                        help="share of characters kept (default 0.9995 for unigram/bpe, 1.0 for char/word)")
+    parser.add_argument("--byte_fallback", action=argparse.BooleanOptionalAction, default=None,
+                        help="encode unknown characters as UTF-8 bytes (default on for unigram/bpe, off for char/word)")
+    parser.add_argument("--user_defined_symbols", nargs="+", default=[], metavar="SYMBOL",
+                        help="strings always kept as single pieces")
+    parser.add_argument("--normalization", default="identity",
+                        help="SentencePiece normalization rule: identity (exact round trips) or nmt_nfkc")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num_threads", type=int, default=1,
+                        help="more is faster; the model is reproducible for a given thread count")
+    return parser
+
+
+def main(argv=None) -> int:
+    """`vaswani-train-tokenizer`: a bad input ends with one line `error: ...` on stderr (exit status 1)."""
+    args = build_parser().parse_args(argv)
+    columns = args.columns if args.columns is not None else ([0, 1] if args.tsv else None)
+    try:
+        tokenizer = train_tokenizer(
+            args.input, args.output_dir, args.vocab_size, args.model_type, columns=columns,
+            spell_source=args.spell_source, character_coverage=args.character_coverage,
+            byte_fallback=args.byte_fallback, user_defined_symbols=args.user_defined_symbols,
+            normalization=args.normalization, seed=args.seed, num_threads=args.num_threads)
+    except TokenizerTrainingError as error:
+        sys.exit(f"error: {error}")
+    print(f"saved a {args.model_type} tokenizer with {len(tokenizer)} pieces to {args.output_dir}")
+    return 0

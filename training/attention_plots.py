@@ -9,10 +9,16 @@ of position i of the decoder are those that predicted output token i, so:
 - cross-attention: rows are the output tokens (the one each step produced), columns the source.
 `save_attention_plots` draws each kind as a grid of layers (rows) x heads (columns) into one PNG,
 or one PNG per layer. matplotlib is imported only here, with the Agg backend (no display).
+
+`main` is the command line `vaswani-plot-attention` (also `python scripts/plot_attention.py`):
+    vaswani-plot-attention OUT TRANSFORMER --output_dir plots/
+writes plots/encoder_self_attention.png, decoder_self_attention.png and cross_attention.png and prints their paths.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,3 +140,45 @@ def save_attention_plots(maps: AttentionMaps, output_dir: str | Path, per_layer:
             _draw(weights[list(layers)], rows, columns, title, path, [f"layer {i}" for i in layers])
             paths.append(path)
     return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaswani-plot-attention",
+        description="Plot a checkpoint's attention for one input and its own (greedy) output as PNG heat maps: "
+                    "encoder self-, decoder self- and cross-attention, each a grid of layers (rows) x heads "
+                    "(columns) with the tokens on the axes; prints the paths.")
+    parser.add_argument("checkpoint", help="a folder written by save_pretrained (model + tokenizer), or a Hub id")
+    parser.add_argument("text", help="the input (for G2P: one word)")
+    parser.add_argument("--output_dir", default="attention_plots", help="folder for the PNGs (created)")
+    parser.add_argument("--per_layer", action="store_true",
+                        help="one PNG per kind and layer (easier to read for big models or long inputs)")
+    parser.add_argument("--prefix", default="", help="put before every file name")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: 2 x source tokens + 10")
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def plot_checkpoint(args: argparse.Namespace) -> tuple[AttentionMaps, list[Path]]:
+    """What `main` does for parsed arguments: the maps and the PNG paths (printed, the output text on stderr)."""
+    import transformers
+
+    from .generation import CheckpointError, load_checkpoint
+
+    transformers.logging.disable_progress_bar()
+    try:
+        model, tokenizer = load_checkpoint(args.checkpoint, device=args.device, attn_implementation="eager")
+        maps = attention_maps(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
+    except (CheckpointError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    paths = save_attention_plots(maps, args.output_dir, per_layer=args.per_layer, prefix=args.prefix)
+    print(f"output: {maps.output_text}", file=sys.stderr)
+    for path in paths:
+        print(path)
+    return maps, paths
+
+
+def main(argv=None) -> int:
+    """`vaswani-plot-attention`."""
+    plot_checkpoint(build_parser().parse_args(argv))
+    return 0

@@ -7,8 +7,8 @@ over those, so with an EMA it widens the averaging window to the span of the K c
 
 `average_checkpoints(checkpoint_dir, last)` reads only complete checkpoints (their marker and hashes checked, as
 `--resume` does) and only safetensors files; it sums in float64 and returns the tensors in their stored dtype
-with the steps they came from. `scripts/train.py --average_last K` applies it at the end of a run (inside its
-time budget) and exports the average; `scripts/average_checkpoints.py` applies it to a finished run.
+with the steps they came from. `vaswani-train --average_last K` applies it at the end of a run (inside its
+time budget) and exports the average; `vaswani-average` applies it to a finished run.
 """
 
 from __future__ import annotations

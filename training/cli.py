@@ -1,7 +1,9 @@
-"""The command line of `scripts/train.py`: arguments -> data, tokenizer, config -> `loop.train` -> the model folder.
+"""The command lines `vaswani-train` (`main`: arguments -> data, tokenizer, config -> `loop.train` -> the model
+folder) and `vaswani-average` (`average_main`: the mean of a finished run's last checkpoints, as a model folder).
+`python scripts/train.py` and `python scripts/average_checkpoints.py` are the same commands.
 
-With no arguments it trains the default G2P model on the shipped CMUdict split. Model hyperparameters come
-from the config only (`--preset` plus `--config_overrides`); the other flags say how to train.
+With no arguments `vaswani-train` trains the default G2P model on the shipped CMUdict split. Model hyperparameters
+come from the config only (`--preset` plus `--config_overrides`); the other flags say how to train.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from vaswani import PRESETS
 
 from .checkpoints import CHECKPOINT_DIR
-from .data import DEFAULT_DEV_PERCENT
+from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
 from .loop import TrainingSettings, settings_dict
 from .time_budget import Deadline, parse_duration
 
@@ -65,9 +67,9 @@ def parse_overrides(text: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags of train.py; those left None are filled from TASK_DEFAULTS by `parse_args`."""
+    """The flags of vaswani-train; those left None are filled from TASK_DEFAULTS by `parse_args`."""
     p = argparse.ArgumentParser(
-        prog="train.py",
+        prog="vaswani-train",
         description="Train a vaswani encoder-decoder Transformer. With no arguments: the default grapheme-to-phoneme "
                     "model on the shipped CMUdict split. Under `torchrun`/`accelerate launch` it trains data-parallel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -88,8 +90,9 @@ def _add_data_arguments(d) -> None:
     d.add_argument("--task", choices=("g2p", "translation"), default=None,
                    help="g2p (WORD<TAB>PHONEMES files, WER/PER) or translation (any text pairs, BLEU/chrF); "
                         "default: g2p without --train_file, translation with it")
-    d.add_argument("--train_file", help="training data: .tsv/.csv (with header) or .jsonl; for --task g2p a "
-                                        "WORD<TAB>PHONEMES file. Default: data/cmudict-g2p/g014b2b.train.tsv")
+    d.add_argument("--train_file", help="training data: .tsv/.csv (a header row naming the columns, or two "
+                                        "columns without one), .jsonl, or a Hub dataset name; for --task g2p a "
+                                        "WORD<TAB>PHONEMES file. Default: the shipped CMUdict split (vaswani.data)")
     d.add_argument("--validation_file", help="dev data in the same format; default: carved from the training file")
     d.add_argument("--source_column", default="source")
     d.add_argument("--target_column", default="target")
@@ -159,6 +162,11 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
         path = getattr(args, name)
         if path and Path(path).suffix and not Path(path).is_file():
             parser.error(f"--{name} {path!r} does not exist")
+        if path and args.task == "translation" and Path(path).is_file() and Path(path).suffix not in FILE_FORMATS:
+            try:
+                data_file_format(path)
+            except ValueError as error:
+                parser.error(f"--{name}: {error}")
     if args.tokenizer and not Path(args.tokenizer).is_dir():
         parser.error(f"--tokenizer {args.tokenizer!r} is not a folder (a saved tokenizer is a folder with spm.model)")
     if args.push_to_hub and not args.hub_model_id:
@@ -199,7 +207,7 @@ def parse_args(argv=None):
 
 
 def make_settings(args) -> TrainingSettings:
-    """The TrainingSettings of parsed train.py arguments (a flag and its field share the name)."""
+    """The TrainingSettings of parsed vaswani-train arguments (a flag and its field share the name)."""
     given = {name: getattr(args, name) for name in _SETTING_DEFAULTS if hasattr(args, name)}
     given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard)
     return TrainingSettings(**given)
@@ -261,16 +269,25 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
           f"{settings.num_beams}, {weights}): {what}")
     for source, output in zip(show, outputs):
         print(f"  {source:<14} {output}")
-    print(f"Model folder: {output_dir}")
     if args.push_to_hub:
         url = push_folder(output_dir, args.hub_model_id, private=args.hub_private)
         print(f"Pushed to {url}")
+    best = f"best step {result.best_step}" if result.best_step is not None else "no evaluation"
+    print(f"Done: {result.step} updates (stopped by {result.stopped_by}), {best}, dev {what} ({weights}); "
+          f"the model is in {output_dir}")
     return metrics
 
 
-def main(argv=None) -> dict:
-    """Run training as `scripts/train.py` does; returns the metrics written to `<output_dir>/metrics.json`."""
-    args = parse_args(argv)
+def main(argv=None) -> int:
+    """`vaswani-train`: 0 once the model folder is written; bad arguments or data end with one line
+    `vaswani-train: error: ...` on stderr."""
+    run_training(parse_args(argv))
+    return 0
+
+
+def run_training(args) -> dict:
+    """Train and export for parsed arguments (`parse_args`); returns the metrics written to
+    `<output_dir>/metrics.json` (on the main process; {} on the others)."""
     deadline = Deadline(args.time_budget) if args.time_budget is not None else None  # counts data and tokenizer too
     _configure_logging()
     settings = make_settings(args)
@@ -286,7 +303,7 @@ def main(argv=None) -> dict:
         data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column,
                               args.target_column, args.dev_percent)
     except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+        raise SystemExit(f"vaswani-train: error: {error}") from None
     accelerator.print(data.description)
     tokenizer = _run_tokenizer(args, data, accelerator)
     config = _run_config(args, tokenizer, accelerator)
@@ -312,6 +329,7 @@ def _configure_logging() -> None:
 def _run_tokenizer(args, data, accelerator):
     """The run's tokenizer: given, saved by the run being resumed, or trained now (once, on the main process)."""
     from vaswani import VaswaniTokenizer
+    from vaswani.tokenizer import TokenizerTrainingError
 
     from .tasks import build_tokenizer
 
@@ -325,15 +343,20 @@ def _run_tokenizer(args, data, accelerator):
         tokenizer_dir = saved_tokenizer
         if accelerator.is_main_process:
             if any(state_dir.glob("checkpoint-*")) and not args.resume:
-                raise SystemExit(f"train.py: error: {state_dir} already holds checkpoints; pass --resume to continue "
-                                 "that run, or choose another --output_dir")
-            build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
+                raise SystemExit(f"vaswani-train: error: {state_dir} already holds checkpoints; pass --resume to "
+                                 "continue that run, or choose another --output_dir")
+            try:
+                build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
+            except TokenizerTrainingError as error:
+                raise SystemExit(f"vaswani-train: error: training the tokenizer: {error} (for options this command "
+                                 "lacks, train one with vaswani-train-tokenizer and pass --tokenizer)") from None
     accelerator.wait_for_everyone()
     return VaswaniTokenizer.from_pretrained(tokenizer_dir)
 
 
 def build_config(args, vocab_size: int):
-    """The model config of parsed train.py arguments: the preset, the overrides, the label smoothing, the vocabulary."""
+    """The model config of parsed vaswani-train arguments: the preset, the overrides, the label smoothing, the
+    vocabulary."""
     from vaswani import VaswaniConfig
 
     return VaswaniConfig.from_preset(args.preset, **{**args.overrides, "vocab_size": vocab_size,
@@ -351,12 +374,12 @@ def _run_config(args, tokenizer, accelerator):
     try:
         config = build_config(args, len(tokenizer))
     except (TypeError, ValueError) as error:
-        raise SystemExit(f"train.py: error: bad model config: {error}") from None
+        raise SystemExit(f"vaswani-train: error: bad model config: {error}") from None
     if args.resume and (state_dir / "config.json").is_file():
         before, now = _config_for_comparison(VaswaniConfig.from_pretrained(state_dir)), _config_for_comparison(config)
         if before != now:
             changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            raise SystemExit(f"train.py: error: --resume with a different model config ({', '.join(changed)}); "
+            raise SystemExit(f"vaswani-train: error: --resume with a different model config ({', '.join(changed)}); "
                              "use the same --preset/--config_overrides as the run being resumed")
     if accelerator.is_main_process:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -370,10 +393,11 @@ def _run_config(args, tokenizer, accelerator):
 
 def _average_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="average_checkpoints.py",
-        description="Average the weights of the last K checkpoints of a finished train.py run, evaluate the average "
-                    "on the full dev set and write it as a Hub-ready model folder.")
-    parser.add_argument("run_dir", help="the --output_dir of a finished scripts/train.py run")
+        prog="vaswani-average",
+        description="Average the weights of the last K checkpoints of a finished vaswani-train run (the paper's "
+                    "checkpoint averaging), evaluate the average on the full dev set and write it as a Hub-ready "
+                    "model folder (model, tokenizer, code, model card with the dev figures of the average).")
+    parser.add_argument("run_dir", help="the --output_dir of a finished vaswani-train run")
     parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
     parser.add_argument("--output_dir", help="the new model folder (default: RUN_DIR-avgK)")
     parser.add_argument("--num_beams", type=int, help="beam size of the evaluation (default: the run's)")
@@ -383,8 +407,14 @@ def _average_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def average_main(argv=None) -> dict:
-    """`scripts/average_checkpoints.py`: the end product of a finished run, from the mean of its last K checkpoints.
+def average_main(argv=None) -> int:
+    """`vaswani-average`: 0 once the new folder is written; bad arguments end with one line on stderr (status 2)."""
+    average_run(argv)
+    return 0
+
+
+def average_run(argv=None) -> dict:
+    """The end product of a finished run, from the mean of its last K checkpoints.
 
     The run's own settings (training_args.json), data, tokenizer and generation config; only the weights differ.
     Writes a new Hub-ready folder (never the run's own) and returns its metrics.
@@ -394,7 +424,8 @@ def average_main(argv=None) -> dict:
     run = Path(options.run_dir)
     missing = [name for name in ("training_args.json", "metrics.json") if not (run / name).is_file()]
     if missing:
-        parser.error(f"{run} has no {' or '.join(missing)}: pass the --output_dir of a train.py run that finished")
+        parser.error(f"{run} has no {' or '.join(missing)}: pass the --output_dir of a vaswani-train run that "
+                     "finished")
     output_dir = Path(options.output_dir or f"{str(run).rstrip('/')}-avg{options.last}")
     if output_dir.resolve() == run.resolve():
         parser.error("--output_dir must differ from the run's folder, which keeps its own model")
@@ -436,4 +467,4 @@ def average_main(argv=None) -> dict:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1:])
+    sys.exit(main())

@@ -22,14 +22,20 @@ Weight names (Marian -> vaswani; N is a layer index; vaswani -> Marian is the in
 
 The tokenizer stays Marian's: its files (source.spm, target.spm, vocab.json, ...) are copied and
 tokenizer_config.json names `MarianTokenizer`, which `AutoTokenizer` reads before the model type.
+
+`main` is the command line `vaswani-convert-marian` (also `python scripts/convert_marian.py`):
+    vaswani-convert-marian opus-mt-en-de opus-mt-en-de-vaswani
+    vaswani-convert-marian opus-mt-en-de-vaswani opus-mt-en-de-again --to-marian
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -435,3 +441,28 @@ __all__ = [
     "vaswani_state_dict_to_marian",
     "vaswani_to_marian",
 ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaswani-convert-marian",
+        description="Convert a MarianMT (opus-mt) checkpoint folder to a vaswani checkpoint folder, or back with "
+                    "--to-marian. The weights give the same logits; the generation settings and Marian's tokenizer "
+                    "go along. What the other side cannot represent is refused, naming the field.")
+    parser.add_argument("src_dir", metavar="SRC_DIR", help="checkpoint folder to read")
+    parser.add_argument("dst_dir", metavar="DST_DIR", help="new (or empty) folder to write")
+    parser.add_argument("--to-marian", action="store_true", help="read a vaswani folder, write a MarianMT folder")
+    return parser
+
+
+def main(argv=None) -> int:
+    """`vaswani-convert-marian`: 0, or 2 after one line `vaswani-convert-marian: error: ...` on stderr."""
+    args = build_parser().parse_args(argv)
+    convert = vaswani_to_marian if args.to_marian else marian_to_vaswani
+    try:
+        dst = convert(args.src_dir, args.dst_dir)
+    except ConversionError as error:
+        print(f"vaswani-convert-marian: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {dst}")
+    return 0

@@ -1,8 +1,7 @@
 """An exponential moving average (EMA) of the weights: what the loop evaluates, keeps as best and exports.
 
 Averaging the weights over the last few hundred updates removes most of the noise a high learning rate leaves in
-them, at the cost of one `lerp` per parameter per update. On the 15-minute G2P job it is worth more than any other
-change we measured (see the README). Built on `torch.optim.swa_utils.AveragedModel`; the decay is warmed up
+them, at the cost of one `lerp` per parameter per update (its effect on the G2P job: docs/history.md). Built on `torch.optim.swa_utils.AveragedModel`; the decay is warmed up
 as `min(decay, (1 + n) / (10 + n))` after `n` updates, so early averages are not dominated by the random
 initialisation (the rule of TensorFlow's ExponentialMovingAverage `num_updates`).
 

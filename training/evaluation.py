@@ -6,7 +6,7 @@ add gathers. Inputs are sorted by length and generated in chunks of `batch_size`
 padding stays small; predictions come back in the original order.
 
 `final_evaluation` is the end of every run, in one place: the end of `loop.train` and
-`scripts/average_checkpoints.py` both load the weights to export with it and score them on the whole dev set.
+`vaswani-average` both load the weights to export with it and score them on the whole dev set.
 """
 
 from __future__ import annotations

@@ -1,17 +1,24 @@
 """Inference from a saved checkpoint folder: load it, and generate for many lines in batches.
 
 A checkpoint folder is what `save_pretrained` writes for the model and its tokenizer (the training
-loop's output, `scripts/finetune.py`'s output, or any Hub seq2seq folder). `load_checkpoint`
+loop's output, `vaswani-finetune`'s output, or any Hub seq2seq folder). `load_checkpoint`
 goes through the Auto classes; `import vaswani` has registered ours, so no remote code is run.
 
 `generate_lines` sorts the lines by token length so that each batch holds similar lengths (little
 padding), generates, and hands the outputs back in input order, one string per line.
+
+`main` is the command line `vaswani-generate` (also `python scripts/generate.py`):
+    echo TRANSFORMER | vaswani-generate OUT             # G2P: prints T R AE N S F AO R M ER
+    vaswani-generate OUT --input words.txt --num_beams 5 --batch_size 64 > phonemes.txt
+Lines come from --input FILE or stdin and are printed in input order (a blank line prints a blank line).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -111,3 +118,48 @@ def generate_lines(
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 outputs[i] = " ".join(text.splitlines()).strip()
     return outputs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaswani-generate",
+        description="Generate with a trained checkpoint: one input per line in, one output per line out, in order. "
+                    "Greedy by default, beam search with --num_beams.")
+    parser.add_argument("checkpoint", help="a folder written by save_pretrained (model + tokenizer), or a Hub id")
+    parser.add_argument("--input", metavar="FILE", help="UTF-8 text, one input per line (default: stdin)")
+    parser.add_argument("--batch_size", type=int, default=64, help="lines per generate call")
+    parser.add_argument("--num_beams", type=int, default=1, help="1: greedy; more: beam search")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="default: the checkpoint's generation config, else 2 x source tokens + 10")
+    parser.add_argument("--max_source_length", type=int, default=None, help="truncate longer inputs (tokens)")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for torch (default: all)")
+    return parser
+
+
+def main(argv=None) -> int:
+    """`vaswani-generate`: prints one output line per input line; a bad checkpoint or input ends with one line
+    `error: ...` on stderr (exit status 1)."""
+    import transformers
+
+    args = build_parser().parse_args(argv)
+    transformers.logging.disable_progress_bar()  # stderr stays for errors
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.input is not None:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            sys.exit(f"error: cannot read --input {args.input!r}: {getattr(error, 'strerror', None) or error}")
+    else:
+        lines = sys.stdin.read().splitlines()
+    try:
+        model, tokenizer = load_checkpoint(args.checkpoint, device=args.device)
+        outputs = generate_lines(model, tokenizer, lines, batch_size=args.batch_size, num_beams=args.num_beams,
+                                 max_new_tokens=args.max_new_tokens, max_source_length=args.max_source_length)
+    except (CheckpointError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    sys.stdout.write("".join(output + "\n" for output in outputs))
+    sys.stdout.flush()
+    return 0

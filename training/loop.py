@@ -43,7 +43,12 @@ best step by the task metric is kept in `<output_dir>/checkpoints/best`; at the 
 weights are evaluated on the whole dev set with `num_beams` and become the end product. With
 `average_last` K > 1 the end product is instead the mean of the weights of the last K checkpoints
 (`vaswani.training.averaging`, the paper's checkpoint averaging), chosen before the run, not by the dev set.
-Both go through `evaluation.final_evaluation`, as `scripts/average_checkpoints.py` does.
+Both go through `evaluation.final_evaluation`, as `vaswani-average` does.
+
+Progress (main process): the bar's total is the step the run is expected to end at, whichever of `max_steps`,
+`max_epochs` and the time budget comes first at the pace so far (evaluations included), so its ETA is the time
+left; evaluation lines go through the bar's `write`, so they do not break it. Without the bar
+(`progress_bar=False`) every `log_every` updates print one line: loss, learning rate, tokens/s and time left.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation
 from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
-from .time_budget import Deadline
+from .time_budget import Deadline, format_duration
 from .train_state import load_training_state, save_training_state
 
 logger = logging.getLogger(__name__)
@@ -320,9 +325,9 @@ class TrainingRun:
         """Start the clocks, the progress bar and the throughput window; put the model in training mode."""
         from accelerate.utils import tqdm
 
-        self.bar = tqdm(total=self.settings.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
+        self.start_time, self.start_step = time.perf_counter(), self.step
+        self.bar = tqdm(total=self.expected_end()[0], initial=self.step, desc="train", dynamic_ncols=True,
                         disable=not (self.main and self.settings.progress_bar))
-        self.start_time = time.perf_counter()
         self.window = torch.zeros(3, dtype=torch.float64)  # loss sum over micro-batches, micro-batches, target tokens
         self.window_start = time.perf_counter()
         self.total_tokens = 0.0
@@ -364,6 +369,7 @@ class TrainingRun:
         self.step += 1
         if self.ema is not None:
             self.ema.update(self.unwrapped)
+        self.bar.total = self.expected_end()[0]
         self.bar.update(1)
         if self.step % settings.log_every == 0:
             self.log_training()
@@ -391,8 +397,28 @@ class TrainingRun:
                 self.writer.add_scalar(f"train/{k}", record[k], self.step)
         self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                              tok_s=f"{record['target_tokens_per_second']:.0f}", refresh=False)
+        if self.main and not self.settings.progress_bar:
+            end, left = self.expected_end()
+            print(f"step {self.step}{f'/{end}' if end else ''}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, "
+                  f"{record['target_tokens_per_second']:.0f} target tokens/s, "
+                  f"{format_duration(left) + ' left' if left is not None else 'time left unknown'}", flush=True)
         self.window.zero_()
         self.window_start = time.perf_counter()
+
+    def expected_end(self) -> tuple[int | None, float | None]:
+        """(the step the run should end at, seconds of training left): the first to run out of `max_steps`,
+        `max_epochs` and the time budget (less the end's reserve), at this invocation's pace so far, evaluations
+        and saves included. (None, None) while nothing says it."""
+        settings = self.settings
+        ends = [settings.max_steps] if settings.max_steps is not None else []
+        if settings.max_epochs is not None:
+            ends.append(settings.max_epochs * math.ceil(len(self.loader) / settings.grad_accum))
+        done, elapsed = self.step - self.start_step, time.perf_counter() - self.start_time
+        per_step = elapsed / done if done > 0 else None
+        if self.deadline is not None and per_step:
+            ends.append(self.step + int(max(0.0, self.deadline.remaining() - self.final_reserve()) / per_step))
+        end = max(self.step, min(ends)) if ends else None
+        return end, (end - self.step) * per_step if end is not None and per_step else None
 
     def stop_reason(self) -> str:
         """"max_steps", "time_budget" (every rank stops at the same step) or ""."""
@@ -450,10 +476,15 @@ class TrainingRun:
             for k in ("loss", "wer", "per", "bleu", "chrf"):
                 if k in result:
                     self.writer.add_scalar(f"dev/{k}", result[k], self.step)
-        self.accelerator.print(
+        self.say(
             f"step {self.step}: dev loss {result['loss']:.4f} "
             + " ".join(f"{k} {result[k]:.2f}" for k in ("wer", "per", "bleu", "chrf") if k in result)
             + f" ({len(self.dev_sources)} dev, {result['seconds']:.1f}s; best step {self.best['step']})")
+
+    def say(self, line: str) -> None:
+        """Print a line on the main process without breaking the progress bar."""
+        if self.main:
+            self.bar.write(line)
 
     def _log(self, record: dict) -> None:
         if self.main:

@@ -1,6 +1,7 @@
 """The README.md of a trained model: Hub metadata (YAML front matter) plus the filled template `model_card.md`.
 
-The template lives at the repository root (Jinja, rendered by `huggingface_hub.ModelCard.from_template`); the
+The template ships in the package `vaswani.data` (data/model_card.md in the repository; Jinja, read with
+`importlib.resources` and rendered by `huggingface_hub.ModelCard.from_template`); the
 front matter comes from `ModelCardData`, so it is valid YAML with `library_name`, `pipeline_tag`, `license`,
 `tags` and a `model-index` holding the measured dev metrics. The Hub validates metadata only on upload, and
 offline `ModelCardData` accepts any string, so `license` and `pipeline_tag` are checked against our own lists.
@@ -8,9 +9,9 @@ offline `ModelCardData` accepts any string, so `license` and `pipeline_tag` are 
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_card.md"
+TEMPLATE_FILE = "model_card.md"  # inside the package `vaswani.data`
 
 # Hub license identifiers we allow (a subset of https://huggingface.co/docs/hub/repositories-licenses).
 LICENSES = ("apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc-by-4.0", "cc-by-sa-4.0", "cc-by-nc-4.0",
@@ -24,6 +25,16 @@ def check_metadata(license: str, pipeline_tag: str) -> None:
         raise ValueError(f"license={license!r} is not a Hub license id we accept; choose one of {LICENSES}")
     if pipeline_tag not in PIPELINE_TAGS:
         raise ValueError(f"pipeline_tag={pipeline_tag!r} is not accepted; choose one of {PIPELINE_TAGS}")
+
+
+def read_template(path: str | os.PathLike | None = None) -> str:
+    """The text of a model card template: `path`, or the shipped `model_card.md` of `vaswani.data`."""
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    from vaswani.data import data_file
+
+    return data_file(TEMPLATE_FILE).read_text(encoding="utf-8")
 
 
 def build_model_card(
@@ -42,12 +53,13 @@ def build_model_card(
     examples: list[str] = (),
     license: str = "apache-2.0",
     pipeline_tag: str = "text2text-generation",
-    template_path: str | Path = TEMPLATE_PATH,
+    template_path: str | os.PathLike | None = None,
 ):
     """A `huggingface_hub.ModelCard` for a trained model; `.save(path)` writes README.md.
 
     `weights`: which weights were evaluated ("step 1200", "the average of steps 900, 1200").
     `dev`: the final evaluation (keys wer/per or bleu/chrf, loss, num_beams); `settings`: training settings to list.
+    `template_path`: another template to fill (default: the shipped one).
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -77,7 +89,7 @@ def build_model_card(
         hyperparameters.append(("parameters", f"{num_parameters:,}"))
     return ModelCard.from_template(
         card_data,
-        template_path=str(template_path),
+        template_str=read_template(template_path),
         task=task,
         model_name=model_name,
         repo_id=repo_id or "path/to/this/folder",

@@ -84,9 +84,8 @@ def make_optimizer(
 
     With weight decay, parameters of fewer than 2 dimensions (biases, layer norms) are not
     decayed. Frozen parameters (requires_grad False) are left out. The fused implementation is
-    used where torch has one (floating-point parameters on CPU or CUDA): on CPU torch's default
-    is a Python loop over the parameters, 15.6 ms a step for the main job's 1.4 M parameters
-    against 3.7 ms fused (measured); the update is the same within float rounding (tested).
+    used where torch has one (floating-point parameters on CPU or CUDA; on CPU torch's default is a
+    Python loop over the parameters); the update is the same within float rounding (tested).
     """
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not params:

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import DEFAULT_DEV_PERCENT, is_dev_word, load_g2p, load_parallel_data
+from .data import DEFAULT_DEV_PERCENT, DEFAULT_G2P_FILE, FORMATS_TAKEN, is_dev_word, load_g2p, load_parallel_data
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def load_task_data(
 
     g2p: `train_file` is a `WORD<TAB>PHONEMES` file (default: the shipped CMUdict split);
     `validation_file`, if given, is another such file used whole as the dev set.
-    translation: `train_file` is required (TSV/CSV with a header, or JSONL).
+    translation: `train_file` is required (see `data.load_parallel_data` for the formats).
     """
     if task not in TASKS:
         raise ValueError(f"task={task!r} is unknown; choose one of {TASKS}")
@@ -88,12 +88,11 @@ def load_task_data(
         name = str(train_file) if train_file else "CMUdict g014b2b.train (shipped)"
         description = (f"{name}: {len(data.train)} training pairs, {len(dev_sources)} dev words "
                        f"({'from ' + str(validation_file) if validation_file else f'{dev_percent}% by crc32 of the word'})")
-        files = [str(train_file) if train_file else str(Path(__file__).resolve().parent.parent / "data" / "cmudict-g2p" /
-                                                        "g014b2b.train.tsv")]
+        files = [str(train_file) if train_file else "/".join(("vaswani.data",) + DEFAULT_G2P_FILE)]
         return TaskData("g2p", data.train, dev_sources, dev_refs, description, files)
 
     if not train_file:
-        raise ValueError("task 'translation' needs --train_file (a .tsv/.csv with a header, or .jsonl)")
+        raise ValueError(f"task 'translation' needs --train_file: {FORMATS_TAKEN}")
     train = load_parallel_data(train_file, source_column, target_column)
     pairs = list(zip(train["source"], train["target"]))
     if validation_file:
@@ -138,8 +137,8 @@ def build_tokenizer(data: TaskData, output_dir: str | os.PathLike, vocab_size: i
 def encode_pairs(tokenizer, pairs, batch_size: int = 4096, check: int = 2000) -> list[dict]:
     """Tokenize (source, target) pairs into `{"input_ids", "labels"}` dicts (eos appended by the tokenizer).
 
-    The tokenizer's Python path costs ~0.7 ms a pair (over a minute for CMUdict), so a `VaswaniTokenizer` is run
-    through its SentencePiece model directly, the way the tokenizer does (spelled-out source, eos); the first
+    The tokenizer's Python path is slow for a whole corpus, so a `VaswaniTokenizer` is run through its SentencePiece
+    model directly, the way the tokenizer does (spelled-out source, eos); the first
     `check` pairs are encoded both ways and any difference falls back to the tokenizer itself.
     """
     pairs = list(pairs)

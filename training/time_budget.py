@@ -45,3 +45,13 @@ class Deadline:
 
     def expired(self) -> bool:
         return self.remaining() <= 0
+
+
+def format_duration(seconds: float) -> str:
+    """"45s", "12m05s", "1h07m": a duration as progress lines print it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
