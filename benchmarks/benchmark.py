@@ -101,6 +101,13 @@ def _spread_of(rates: dict[str, list[float]]) -> float:
     return max(_relative_range(Stat.of(values).__dict__) for values in rates.values())
 
 
+def _paired(first: list[float], second: list[float]) -> tuple[Stat, Stat, Stat, int]:
+    """Two contenders' rates, round by round: the statistics of each, of the per-round ratios second / first, and the
+    number of rounds."""
+    ratios = [b / a for a, b in zip(first, second)]
+    return Stat.of(first), Stat.of(second), Stat.of(ratios), len(ratios)
+
+
 @dataclass
 class Comparison:
     """One measurement of both contenders: values are rates (higher is better) unless `unit` says seconds."""
@@ -114,9 +121,8 @@ class Comparison:
 
     @classmethod
     def of(cls, name: str, unit: str, rates: dict[str, list[float]], **extra) -> "Comparison":
-        ratios = [mine / marian for marian, mine in zip(rates["marian"], rates["vaswani"])]
-        return cls(name, unit, Stat.of(rates["marian"]), Stat.of(rates["vaswani"]), Stat.of(ratios),
-                   {"rounds": len(ratios), **extra})
+        *stats, rounds = _paired(rates["marian"], rates["vaswani"])
+        return cls(name, unit, *stats, {"rounds": rounds, **extra})
 
     @property
     def ratio(self) -> float:
@@ -438,13 +444,15 @@ def fast_path_names() -> tuple[str, ...]:
 
 def fast_path_rows(names: list[str] | None = None) -> list[tuple[str, dict[str, bool], dict[str, bool]]]:
     """(row, setting on, setting off) for each of `names` (all of `FAST_PATHS` when empty or None): all on against
-    all on but that one; then all on against all off."""
+    all on but that one; then, where there are several, all on against all off."""
     every = fast_path_names()
     unknown = [name for name in names or () if name not in every]
     if unknown:
         raise ValueError(f"unknown fast path(s) {unknown}; the fast paths are {list(every)}")
     on = dict.fromkeys(every, True)
     rows = [(name, on, {**on, name: False}) for name in names or every]
+    if len(every) == 1:  # all off is the one path off: the same row again
+        return rows
     return rows + [(ALL_FAST_PATHS, on, dict.fromkeys(every, False))]
 
 
@@ -461,9 +469,8 @@ class Gain:
 
     @classmethod
     def of(cls, path: str, workload: str, rates: dict[str, list[float]], **extra) -> "Gain":
-        ratios = [on / off for off, on in zip(rates["off"], rates["on"])]
-        return cls(path, workload, Stat.of(rates["off"]), Stat.of(rates["on"]), Stat.of(ratios),
-                   {"rounds": len(ratios), **extra})
+        *stats, rounds = _paired(rates["off"], rates["on"])
+        return cls(path, workload, *stats, {"rounds": rounds, **extra})
 
     @property
     def gain(self) -> float:
