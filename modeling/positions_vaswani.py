@@ -28,6 +28,8 @@ class SinusoidalPositions(nn.Module):
     def range(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Encodings of positions start .. start+length-1 as (length, d_model): a slice of the cached table, so
         that decoding step by step does not recompute the sines."""
+        if torch.compiler.is_compiling():  # a traced graph (compile, export) computes them: it cannot hold a cache
+            return self(torch.arange(length, device=device) + start, dtype)
         key = (torch.device(device), dtype)
         table = self._tables.get(key)
         if table is None or table.shape[0] < start + length:

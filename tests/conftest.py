@@ -44,3 +44,15 @@ def loaded(checkpoint):
     from vaswani.training.generation import load_checkpoint
 
     return load_checkpoint(checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory, g2p_sample):
+    """A tiny G2P checkpoint trained for a few hundred steps on the sample (outputs are pronunciations), pre-LN with
+    the split sinusoid layout and a final logits bias, so that an export that drops any of them shows."""
+    from helpers import make_tiny_checkpoint, train_tiny
+
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("trained"), g2p_sample, d_model=32, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, normalize_before=True, position_encoding="sinusoidal_split",
+                                  final_logits_bias=True)
+    return train_tiny(folder)

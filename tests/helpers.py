@@ -140,3 +140,44 @@ def padded_batch(seed=0, batch=4, src_len=9, tgt_len=7):
         labels=labels,
         decoder_attention_mask=decoder_attention_mask,
     )
+
+
+def train_tiny(folder: Path, steps: int = 300, seed: int = 0) -> Path:
+    """Trains the checkpoint in `folder` (see make_tiny_checkpoint) on the G2P sample it was made from, in place:
+    a plain Adam loop on batches of 32 words, so that its outputs are pronunciations, not noise. A final logits bias
+    is set at random first."""
+    from vaswani.training.data import default_g2p_file
+    from vaswani.training.generation import load_checkpoint
+
+    model, tokenizer = load_checkpoint(folder, device="cpu")
+    with default_g2p_file().open(encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t") for _, line in zip(range(300), f)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    if model.final_logits_bias is not None:  # a fixed buffer (zeros at init): a random one, which training works around
+        model.final_logits_bias.normal_(0.0, 0.5, generator=generator)
+    model.train()
+    for _ in range(steps):
+        rows = torch.randint(len(pairs), (32,), generator=generator).tolist()
+        batch = tokenizer([pairs[i][0] for i in rows], text_target=[pairs[i][1] for i in rows], padding=True,
+                          return_tensors="pt")
+        batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(folder)
+    return folder
+
+
+def held_out_words(count: int = 100, sample_lines: int = 300) -> list[str]:
+    """`count` words of the shipped CMUdict split beyond its first `sample_lines` lines (the sample the tiny
+    checkpoints train on), spread over the alphabet."""
+    from vaswani.training.data import default_g2p_file
+
+    with default_g2p_file().open(encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    seen = {line.split("\t")[0] for line in lines[:sample_lines]}
+    words = [w for w in dict.fromkeys(line.split("\t")[0] for line in lines[sample_lines:]) if w not in seen]
+    stride = max(1, len(words) // count)
+    return words[::stride][:count]

@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: the checkpoint's generation config, else 2 x source tokens + 10")
     parser.add_argument("--max_source_length", type=int, default=None, help="truncate longer inputs (tokens)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--quantize", choices=["int8"], default=None,
+                        help="int8: torchao's dynamic int8 linear layers (CPU; needs pip install \"vaswani[export]\")")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for torch (default: all)")
     return parser
 
@@ -156,9 +158,13 @@ def main(argv=None) -> int:
         lines = sys.stdin.read().splitlines()
     try:
         model, tokenizer = load_checkpoint(args.checkpoint, device=args.device)
+        if args.quantize == "int8":
+            from vaswani.deploy.quantization import quantize_int8
+
+            quantize_int8(model)
         outputs = generate_lines(model, tokenizer, lines, batch_size=args.batch_size, num_beams=args.num_beams,
                                  max_new_tokens=args.max_new_tokens, max_source_length=args.max_source_length)
-    except (CheckpointError, ValueError) as error:
+    except (CheckpointError, ValueError, ImportError) as error:
         sys.exit(f"error: {error}")
     sys.stdout.write("".join(output + "\n" for output in outputs))
     sys.stdout.flush()
