@@ -728,6 +728,20 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
     return [out / "results.json", out / "results.md", out / "results.png"]
 
 
+def run_deploy_section(checkpoint: str, words: int, rounds: int, threads: int, output_dir: str) -> dict:
+    """benchmarks/deploy.py's run, written to deploy_results.json and deploy_results.md in `output_dir`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from deploy import format_tables, run_deploy
+
+    results = run_deploy(checkpoint, words=words, rounds=rounds, threads=threads)
+    output_dir = Path(output_dir)
+    (output_dir / "deploy_results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    table = "\n".join(format_tables(results)) + "\n"
+    (output_dir / "deploy_results.md").write_text(table, encoding="utf-8")
+    print(table)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["g2p", "base"], choices=["g2p", "base"])
@@ -742,8 +756,13 @@ def main(argv=None):
     parser.add_argument("--output_dir", default=str(Path(__file__).resolve().parent))
     parser.add_argument("--quick", action="store_true", help="tiny sizes and one round, fast paths included: "
                         "checks, not speed")
+    parser.add_argument("--deploy", metavar="CHECKPOINT", help="only the deployment section (benchmarks/deploy.py): "
+                        "decode the dev words with a trained G2P checkpoint in each engine")
+    parser.add_argument("--words", type=int, default=1000, help="--deploy: dev words decoded per round")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.deploy:
+        return run_deploy_section(args.deploy, args.words, args.rounds, args.threads, args.output_dir)
     if args.quick:
         args.sizes, args.rounds, args.steps, args.generation_rounds = ["quick"], 1, 1, 1
         args.memory_lengths, args.memory_size = [16, 32], "quick"

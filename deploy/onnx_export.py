@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -96,9 +97,12 @@ def _example(config, batch=2, source=5, target=3):
 
 
 def _export(module, args, path: Path, input_names, output_names, dynamic_shapes) -> None:
-    program = torch.onnx.export(module, args, dynamo=True, input_names=input_names, output_names=output_names,
-                                dynamic_shapes=dynamic_shapes, opset_version=OPSET, external_data=False,
-                                verbose=False, report=False)
+    with warnings.catch_warnings():  # the exporter's notes on shared axis names and its own deprecations
+        warnings.filterwarnings("ignore", message=".*axis name.*", category=UserWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        program = torch.onnx.export(module, args, dynamo=True, input_names=input_names, output_names=output_names,
+                                    dynamic_shapes=dynamic_shapes, opset_version=OPSET, external_data=False,
+                                    verbose=False, report=False)
     program.save(str(path))
 
 

@@ -107,11 +107,12 @@ class OnnxGenerator:
         batch, beams, keep = len(input_ids), num_beams, 2 * num_beams
         max_length = max_new_tokens + 1  # counting the start token, as transformers' max_length does
         hidden, mask = self._encode(input_ids, attention_mask, beams)
-        running = np.full((batch, beams, max_length), self.pad_id, dtype=np.int64)
+        fill = self.pad_id or self.eos_id  # transformers' fill after the end (the end token when pad is id 0)
+        running = np.full((batch, beams, max_length), fill, dtype=np.int64)
         running[:, :, 0] = self.start_id
         running_scores = np.zeros((batch, beams), dtype=np.float32)
         running_scores[:, 1:] = NEG
-        finished = np.full((batch, beams, max_length), self.pad_id, dtype=np.int64)
+        finished = np.full((batch, beams, max_length), fill, dtype=np.int64)
         finished_scores = np.full((batch, beams), NEG, dtype=np.float32)
         finished_lengths = np.zeros((batch, beams), dtype=np.int64)
         is_finished = np.zeros((batch, beams), dtype=bool)
