@@ -6,6 +6,7 @@ them for remote code, so that `save_pretrained` writes the code beside the weigh
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import _import_noise  # noqa: F401  before transformers, which imports torchao where it is installed
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .configuration_vaswani import PRESETS, VaswaniConfig

@@ -73,3 +73,13 @@ def test_missing_torchao_names_the_extra(trained_checkpoint, monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     with pytest.raises(MissingExportDependency, match=r"'torchao'.*vaswani\[export\]"):
         quantize_int8(model)
+
+
+def test_importing_vaswani_beside_torchao_is_quiet():
+    """transformers imports torchao where it is installed; its import-time notes are filtered (modeling/
+    _import_noise.py), so a command's one-line error stays one line."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", "import vaswani, torchao.quantization"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr

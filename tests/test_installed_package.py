@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 TORCH = os.environ.get("TORCH_VERSION", "2.13.0")
 COMMANDS = ["vaswani-train", "vaswani-generate", "vaswani-finetune", "vaswani-train-tokenizer",
-            "vaswani-convert-marian", "vaswani-average", "vaswani-plot-attention"]
+            "vaswani-convert-marian", "vaswani-average", "vaswani-plot-attention", "vaswani-export"]
 SHIPPED = ["vaswani/data/cmudict-g2p/g014b2b.train.tsv", "vaswani/data/cmudict-g2p/SOURCE.md",
            "vaswani/data/model_card.md"]
 _NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -70,7 +70,8 @@ def test_wheel_and_sdist_carry_the_data_the_template_and_the_commands(built):
     names = sorted(zipfile.ZipFile(wheel).namelist())
     print(f"\n{wheel.name}:\n  " + "\n  ".join(names))
     for name in SHIPPED + ["vaswani/__init__.py", "vaswani/modeling_vaswani.py", "vaswani/data/__init__.py",
-                           "vaswani/tokenizer/tokenization_vaswani.py", "vaswani/training/cli.py"]:
+                           "vaswani/tokenizer/tokenization_vaswani.py", "vaswani/training/cli.py",
+                           "vaswani/deploy/cli.py"]:
         assert name in names, name
     assert all(n.startswith(("vaswani/", "vaswani-")) for n in names), "only the vaswani package is installed"
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
