@@ -286,3 +286,38 @@ def test_fast_path_table_marks_noisy_rows_and_differing_outputs():
     row = next(line for line in lines if line.startswith("| a |"))
     assert row == "| a | 1.20 (per round 1.20 [1.00-1.20]) | 1.00 (per round 1.00 [1.00-1.20]) noisy outputs differ |"
     assert next(line for line in lines if line.startswith("| all fast paths |")).endswith("| - |")
+
+
+def test_deploy_section_marian_twin_and_table(trained_checkpoint):
+    """The deployment section's Marian computes the vaswani model's function (on a post-LN model with interleaved
+    sinusoids and a random logits bias: Marian cannot be pre-LN like the shared trained checkpoint), and its table
+    reads the results it is given."""
+    import deploy
+    from helpers import held_out_words, make_tiny_checkpoint, write_g2p_sample
+
+    from vaswani.training.generation import generate_lines, load_checkpoint
+
+    folder = trained_checkpoint.parent / "post-ln"
+    sample = write_g2p_sample(trained_checkpoint.parent / "sample.tsv")
+    model, tokenizer = load_checkpoint(make_tiny_checkpoint(folder, sample, final_logits_bias=True), device="cpu")
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2)
+    marian = deploy._marian_twin(model)
+    batch = tokenizer(["TRANSFORMER", "AB"], padding=True, return_tensors="pt")
+    decoder_input_ids = torch.tensor([[2, 5, 7, 9]] * 2)
+    with torch.no_grad():
+        expected = model(**batch, decoder_input_ids=decoder_input_ids).logits
+        got = marian(**batch, decoder_input_ids=decoder_input_ids).logits
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+    words = held_out_words(20)
+    assert generate_lines(marian, tokenizer, words, num_beams=2) == generate_lines(model, tokenizer, words, num_beams=2)
+
+    row = {"words_per_second": {"median": 100.0, "low": 90.0, "high": 120.0}, "wer": 0.25, "per": 0.05, "parity": 1.0}
+    results = {"words": 20, "model": "m", "rounds": 1, "machine": {"processor": "cpu", "threads": 1, "torch": "t"},
+               "searches": {"greedy": {"vaswani (torch fp32)": row, "other": {**row, "parity": 0.5}}}}
+    table = "\n".join(deploy.format_tables(results))
+    assert "| vaswani (torch fp32) | 100 (90-120) | 1.00 | 25.00 | 5.00 | 100.0 % |" in table
+    assert "| other | 100 (90-120) | 1.00 | 25.00 | 5.00 | 50.0 % |" in table
