@@ -734,6 +734,7 @@ def run_deploy_section(checkpoint: str, words: int, rounds: int, threads: int, o
     from deploy import format_tables, run_deploy
 
     results = run_deploy(checkpoint, words=words, rounds=rounds, threads=threads)
+    results["machine"]["processor"] = machine_description(float("nan"))["cpu"]
     output_dir = Path(output_dir)
     (output_dir / "deploy_results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     table = "\n".join(format_tables(results)) + "\n"

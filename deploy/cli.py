@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    import transformers
+
     from vaswani.training.generation import CheckpointError
+
+    transformers.logging.disable_progress_bar()  # stderr stays for errors
 
     try:
         with warnings.catch_warnings():  # the exporter's notes on axis names and deprecations are not the user's
