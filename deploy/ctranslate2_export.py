@@ -187,10 +187,9 @@ class Ctranslate2Generator:
         chosen = []
         for result in results:
             best = result.hypotheses[0]
-            if rerank:
-                def score(i):  # transformers' length counts the end token, where there is one
-                    length = len(result.hypotheses[i]) + (len(result.hypotheses[i]) < limit)
-                    return result.scores[i] / length**self.length_penalty
-                best = result.hypotheses[max(range(len(result.hypotheses)), key=score)]
+            if rerank:  # transformers' score: its length counts the end token, where there is one
+                scores = [total / (len(tokens) + (len(tokens) < limit)) ** self.length_penalty
+                          for tokens, total in zip(result.hypotheses, result.scores)]
+                best = result.hypotheses[scores.index(max(scores))]
             chosen.append(self.tokenizer.convert_tokens_to_ids(best + ([end] if len(best) < limit else [])))
         return chosen
