@@ -14,6 +14,8 @@ missing one raises `MissingExportDependency` naming that command.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
+from functools import partial
 
 EXPORT_EXTRA = 'pip install "vaswani[export]"'
 
@@ -53,22 +55,38 @@ def check_exportable(config, engine: str) -> None:
             )
 
 
-def generate_lines_with(decode_batch, tokenizer, lines, batch_size: int = 32, max_new_tokens: int | None = None):
-    """One output string per line, in order, as vaswani's `generate_lines` gives them, with another engine's decoder:
-    lines sorted by token length into batches, a blank line gives an empty output, and the default limit is
-    2 x source tokens + 10 new tokens per line. `decode_batch(sources, limit)` takes the batch's token id lists and a
-    limit on new tokens and returns the generated id lists (start token excluded)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    outputs = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    sources = {i: tokenizer(lines[i])["input_ids"] for i in todo}
-    todo.sort(key=lambda i: -len(sources[i]))  # stable: equal lengths keep input order
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
-        generated = decode_batch([sources[i] for i in batch], max_new_tokens or 2 * len(sources[batch[0]]) + 10)
-        for i, ids in zip(batch, generated):
-            own_limit = max_new_tokens or 2 * len(sources[i]) + 10  # each line's own default, whatever its batch
-            text = tokenizer.decode(list(ids)[:own_limit], skip_special_tokens=True)
-            outputs[i] = " ".join(text.splitlines()).strip()
-    return outputs
+class LineGenerator:
+    """`generate_lines` for an engine: vaswani's batching and length limits (`generate_in_batches`) over the
+    engine's `decode(sources, limit, num_beams)`. The engine sets `tokenizer` and `generation_config` (the
+    checkpoint's, saved beside the export)."""
+
+    tokenizer = None
+    generation_config = None
+
+    def generate_lines(self, lines: Sequence[str], num_beams: int = 1, batch_size: int = 32,
+                       max_new_tokens: int | None = None) -> list[str]:
+        """One output per line, in input order, as vaswani's `generate_lines` gives them; greedy when
+        num_beams == 1. max_new_tokens: default the checkpoint's generation config, else 2 x source tokens + 10."""
+        from vaswani.training.generation import default_max_new_tokens, generate_in_batches
+
+        config = self.generation_config
+        own = config.max_new_tokens or (config.max_length - 1 if config.max_length else None)
+
+        def limit_for(source_length: int) -> int:
+            return max_new_tokens or default_max_new_tokens(config, source_length) or own
+
+        return generate_in_batches(partial(self.decode, num_beams=num_beams), self.tokenizer, lines, limit_for,
+                                   batch_size)
+
+    def decode(self, sources: list[list[int]], limit: int, num_beams: int = 1) -> list[list[int]]:
+        raise NotImplementedError
+
+
+def saved_generation_config(folder):
+    """The generation config saved in an export folder, or transformers' defaults where there is none."""
+    from pathlib import Path
+
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(folder) if Path(folder, "generation_config.json").is_file() \
+        else GenerationConfig()

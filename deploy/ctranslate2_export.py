@@ -18,13 +18,11 @@ OUT beside the model, so `Ctranslate2Generator(OUT)` encodes and decodes as vasw
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 import torch
 
-from . import UnsupportedExport, check_exportable, generate_lines_with, require
+from . import LineGenerator, UnsupportedExport, check_exportable, require, saved_generation_config
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "silu": "SWISH", "swish": "SWISH"}
@@ -141,7 +139,7 @@ def export_ctranslate2(model_dir: str | os.PathLike, output_dir: str | os.PathLi
     return output_dir
 
 
-class Ctranslate2Generator:
+class Ctranslate2Generator(LineGenerator):
     """Decodes lines with an exported CTranslate2 model, encoding and decoding them with its saved tokenizer.
 
     `compute_type` is CTranslate2's ("default": the type the model was saved in). Greedy search is CTranslate2's
@@ -155,23 +153,15 @@ class Ctranslate2Generator:
     def __init__(self, folder: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
                  intra_threads: int = 0, transformers_beam: bool = True):
         ctranslate2 = require("ctranslate2", "CTranslate2 inference")
-        from transformers import GenerationConfig
-
         from vaswani import VaswaniTokenizer
 
         self.translator = ctranslate2.Translator(str(folder), device=device, compute_type=compute_type,
                                                  intra_threads=intra_threads)
         self.tokenizer = VaswaniTokenizer.from_pretrained(folder)
-        generation = Path(folder, "generation_config.json")
-        penalty = GenerationConfig.from_pretrained(folder).length_penalty if generation.is_file() else None
+        self.generation_config = saved_generation_config(folder)
+        penalty = self.generation_config.length_penalty
         self.length_penalty = 1.0 if penalty is None else penalty  # transformers' default
         self.transformers_beam = transformers_beam
-
-    def generate_lines(self, lines: Sequence[str], num_beams: int = 1, batch_size: int = 32,
-                       max_new_tokens: int | None = None) -> list[str]:
-        """One output per line, in order (see `generate_lines_with`); greedy when num_beams == 1."""
-        return generate_lines_with(partial(self.decode, num_beams=num_beams), self.tokenizer, lines, batch_size,
-                                   max_new_tokens)
 
     def decode(self, sources: list[list[int]], limit: int, num_beams: int = 1) -> list[list[int]]:
         """Generated ids (start token excluded) for token id lists `sources`, at most `limit` new tokens each."""

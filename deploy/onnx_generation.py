@@ -1,4 +1,4 @@
-"""Generation over the ONNX export with onnxruntime and numpy alone: `OnnxGenerator(folder)`.
+"""Generation over the ONNX export: `OnnxGenerator(folder)`, its search in numpy over onnxruntime sessions.
 
 The encoder runs once; the first decoder step runs `decoder_model.onnx` on the start tokens and returns the cache;
 every later step runs `decoder_with_past_model.onnx` on the last token and the cache. Greedy search and beam
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import generate_lines_with, require
+from . import LineGenerator, require, saved_generation_config
 from .onnx_export import DECODER_FILE, DECODER_WITH_PAST_FILE, ENCODER_FILE, cache_names
 
 NEG = -1.0e9  # transformers' "impossible" score
@@ -29,13 +29,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-class OnnxGenerator:
+class OnnxGenerator(LineGenerator):
     """Three onnxruntime sessions over an export folder (see onnx_export), with its config and tokenizer.
 
     threads: onnxruntime's intra-op threads (0: its default). `generate` works on id arrays, `generate_lines` on
     text."""
 
-    def __init__(self, folder: str | os.PathLike, threads: int = 0, providers: Sequence[str] = ("CPUExecutionProvider",)):
+    def __init__(self, folder: str | os.PathLike, threads: int = 0,
+                 providers: Sequence[str] = ("CPUExecutionProvider",)):
         ort = require("onnxruntime", "ONNX Runtime inference")
         from vaswani import VaswaniTokenizer
 
@@ -51,12 +52,12 @@ class OnnxGenerator:
             ort.InferenceSession(str(folder / name), options, providers=list(providers))
             for name in (ENCODER_FILE, DECODER_FILE, DECODER_WITH_PAST_FILE))
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        generation = folder / "generation_config.json"
-        generation = json.loads(generation.read_text(encoding="utf-8")) if generation.is_file() else {}
+        self.generation_config = saved_generation_config(folder)
         self.layers = config["decoder_layers"]
         self.start_id, self.eos_id = config["decoder_start_token_id"], config["eos_token_id"]
         self.pad_id = config["pad_token_id"] if config["pad_token_id"] is not None else self.eos_id
-        self.length_penalty = generation.get("length_penalty", 1.0)
+        penalty = self.generation_config.length_penalty
+        self.length_penalty = 1.0 if penalty is None else penalty  # transformers' default
         self.tokenizer = VaswaniTokenizer.from_pretrained(folder)
         self._past_names = cache_names("past_key_values", self.layers)
 
@@ -167,7 +168,7 @@ class OnnxGenerator:
         best = finished[:, 0]
         return best[:, : int(finished_lengths[:, 0].max())]
 
-    # -- text ----------------------------------------------------------------------------------------------------
+    # -- ids of a batch (generate_lines comes from LineGenerator) -------------------------------------------------
     def decode(self, sources: list[list[int]], limit: int, num_beams: int = 1) -> list[list[int]]:
         """Generated ids (start token excluded) for token id lists `sources`, at most `limit` new tokens each."""
         width = max(len(ids) for ids in sources)
@@ -176,9 +177,3 @@ class OnnxGenerator:
         for row, ids in enumerate(sources):
             input_ids[row, : len(ids)], attention_mask[row, : len(ids)] = ids, 1
         return [list(ids[1:]) for ids in self.generate(input_ids, attention_mask, num_beams, limit)]
-
-    def generate_lines(self, lines: Sequence[str], num_beams: int = 1, batch_size: int = 32,
-                       max_new_tokens: int | None = None) -> list[str]:
-        """One output per line, in order (see `generate_lines_with`); greedy when num_beams == 1."""
-        return generate_lines_with(partial(self.decode, num_beams=num_beams), self.tokenizer, lines, batch_size,
-                                   max_new_tokens)

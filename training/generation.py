@@ -19,7 +19,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -61,13 +61,40 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None =
     return model.to(device).eval(), tokenizer
 
 
-def _default_max_new_tokens(model, source_length: int) -> int | None:
-    """The checkpoint's own limit when its generation config sets one; otherwise enough for the
-    longest source in the batch (2 x its length + 10, in tokens) instead of the library's 20."""
-    config = model.generation_config
-    if config.max_new_tokens is not None or config.max_length is not None:
-        return None  # generate() uses the checkpoint's setting
+def default_max_new_tokens(generation_config, source_length: int) -> int | None:
+    """The checkpoint's own limit when its generation config sets one (None: the decoder uses it); otherwise enough
+    for a source of `source_length` tokens (2 x its length + 10) instead of the library's 20."""
+    if generation_config.max_new_tokens is not None or generation_config.max_length is not None:
+        return None
     return 2 * source_length + 10
+
+
+def generate_in_batches(decode_batch: Callable, tokenizer, lines: Sequence[str], limit_for: Callable,
+                        batch_size: int = 32, max_source_length: int | None = None) -> list[str]:
+    """One output string per line, in input order, with any decoder (vaswani's `generate`, or the engines of
+    vaswani.deploy). Lines are batched by token length (longest first, so memory problems show at once); a blank
+    line gives an empty output without decoding. `limit_for(source_tokens)` is a line's limit on new tokens (None:
+    the decoder's own); a batch runs with its longest line's limit and each output is cut to its own line's, so that
+    it does not depend on its batch (exact for greedy: a longer run only appends). `decode_batch(sources, limit)`
+    takes the batch's token id lists and returns the generated ids, start token excluded. Outputs have special
+    tokens removed and newlines replaced by spaces."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    outputs = [""] * len(lines)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    if not todo:
+        return outputs
+    truncate = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    sources = dict(zip(todo, tokenizer([lines[i] for i in todo], **truncate)["input_ids"]))
+    todo.sort(key=lambda i: -len(sources[i]))  # stable: equal lengths keep input order
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        generated = decode_batch([sources[i] for i in batch], limit_for(len(sources[batch[0]])))
+        for i, ids in zip(batch, generated):
+            own = limit_for(len(sources[i]))
+            text = tokenizer.decode(list(ids)[:own] if own is not None else list(ids), skip_special_tokens=True)
+            outputs[i] = " ".join(text.splitlines()).strip()
+    return outputs
 
 
 def generate_lines(
@@ -80,44 +107,31 @@ def generate_lines(
     max_source_length: int | None = None,
     max_length: int | None = None,
 ) -> list[str]:
-    """Generate one output string per input line, in input order (greedy when num_beams == 1).
+    """Generate one output string per input line, in input order (greedy when num_beams == 1), in batches by
+    token length (see `generate_in_batches`).
 
-    Lines are batched by token length (longest first, so memory problems show at once). A blank
-    line gives an empty output without running the model. Outputs have special tokens removed
-    and any newline replaced by a space, so that printing them keeps one output per line.
     max_new_tokens: default the checkpoint's generation config, else 2 x source tokens + 10.
     max_source_length: truncate longer sources (tokens, eos kept); default no truncation.
     max_length: instead of max_new_tokens, a limit on decoder tokens counting the start token.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
     if num_beams < 1:
         raise ValueError(f"num_beams={num_beams} must be >= 1")
-    outputs = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    if not todo:
-        return outputs
-    truncate = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    encoded = tokenizer([lines[i] for i in todo], **truncate)["input_ids"]
-    lengths = {i: len(ids) for i, ids in zip(todo, encoded)}
-    todo.sort(key=lambda i: -lengths[i])  # stable: equal lengths keep input order
-    device = model.device
+
+    def limit_for(source_length: int) -> int | None:
+        if max_length:
+            return None
+        return max_new_tokens or default_max_new_tokens(model.generation_config, source_length)
+
+    def decode_batch(sources: list[list[int]], limit: int | None) -> list[list[int]]:
+        batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt")
+        lengths = {"max_length": max_length} if max_length else {"max_new_tokens": limit} if limit else {}
+        generated = model.generate(input_ids=batch["input_ids"].to(model.device),
+                                   attention_mask=batch["attention_mask"].to(model.device), num_beams=num_beams,
+                                   do_sample=False, **lengths)
+        return [ids[1:] for ids in generated.tolist()]  # ids[0] is the decoder start token
+
     with torch.inference_mode():
-        for start in range(0, len(todo), batch_size):
-            batch_indices = todo[start : start + batch_size]
-            batch = tokenizer([lines[i] for i in batch_indices], padding=True, return_tensors="pt", **truncate)
-            batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
-            limit = None if max_length else max_new_tokens or _default_max_new_tokens(model, lengths[batch_indices[0]])
-            lengths_kwargs = {"max_length": max_length} if max_length else {"max_new_tokens": limit} if limit else {}
-            generated = model.generate(**batch, num_beams=num_beams, do_sample=False, **lengths_kwargs)
-            for i, ids in zip(batch_indices, generated.tolist()):
-                if max_new_tokens is None and max_length is None and limit is not None:
-                    # each line's own default limit, so that its output does not depend on its batch
-                    # (exact for greedy: a longer run only appends); ids[0] is the decoder start token
-                    ids = ids[: 1 + _default_max_new_tokens(model, lengths[i])]
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                outputs[i] = " ".join(text.splitlines()).strip()
-    return outputs
+        return generate_in_batches(decode_batch, tokenizer, lines, limit_for, batch_size, max_source_length)
 
 
 def build_parser() -> argparse.ArgumentParser:
