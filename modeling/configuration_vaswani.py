@@ -5,6 +5,8 @@ from transformers import PreTrainedConfig
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish")
 POSITION_ENCODINGS = ("sinusoidal_interleaved", "sinusoidal_split")
+# Self-attention patterns, per stack (cross-attention is always full): attention_patterns_vaswani.py.
+ATTENTION_PATTERNS = ("full", "local", "block_sparse", "linear")
 
 # Named sizes, one call away: `VaswaniConfig.from_preset("big", vocab_size=32000)`.
 PRESETS = {
@@ -46,6 +48,21 @@ PRESETS = {
         dropout=0.0,
         label_smoothing=0.1,
     ),
+    # Paragraph-level G2P (lines of 32-128 words, sources up to ~1,300 tokens): the g2p-small layers, so a word-level
+    # model warm-starts it; max_position_embeddings says the lengths it is meant for (exports size tables from it).
+    "g2p-paragraph": dict(
+        vocab_size=128,
+        d_model=128,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=512,
+        decoder_ffn_dim=512,
+        max_position_embeddings=2048,
+        dropout=0.0,
+        label_smoothing=0.1,
+    ),
     # For tests: runs in milliseconds.
     "tiny": dict(
         vocab_size=100,
@@ -76,6 +93,12 @@ class VaswaniConfig(PreTrainedConfig):
     - `final_logits_bias`: a fixed bias added to the logits (Marian checkpoints carry one).
     - `label_smoothing`: applied by the model's loss when `labels` are given.
     - `init_std`: standard deviation of the embedding init; `None` means d_model ** -0.5.
+    - `encoder_attention_pattern`, `decoder_attention_pattern`: the self-attention of each stack, one of
+      `"full"` (the paper), `"local"` (an encoder query sees the keys within `attention_window` positions on either
+      side; a decoder query the last `attention_window` positions, itself included), `"block_sparse"` (a block of
+      `sparse_block_size` queries sees its own and the neighbouring blocks, and the first `sparse_global_tokens`
+      positions see all and are seen by all; causal in the decoder) or `"linear"` (phi(x) = elu(x) + 1 feature
+      maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is always full.
 
     Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "tiny", **overrides)`.
     """
@@ -108,6 +131,11 @@ class VaswaniConfig(PreTrainedConfig):
     final_logits_bias: bool = False
     label_smoothing: float | int = 0.0
     init_std: float | None = None
+    encoder_attention_pattern: str = "full"
+    decoder_attention_pattern: str = "full"
+    attention_window: int = 128
+    sparse_block_size: int = 64
+    sparse_global_tokens: int = 0
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
     eos_token_id: int | None = 3
@@ -169,6 +197,16 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(f"layer_norm_eps={self.layer_norm_eps} must be positive, e.g. 1e-5")
         if self.init_std is not None and self.init_std <= 0:
             raise ValueError(f"init_std={self.init_std} must be positive, or None for d_model ** -0.5")
+        for side in ("encoder", "decoder"):
+            pattern = getattr(self, f"{side}_attention_pattern")
+            if pattern not in ATTENTION_PATTERNS:
+                raise ValueError(f"{side}_attention_pattern={pattern!r} is unknown; choose one of {ATTENTION_PATTERNS}")
+        for name in ("attention_window", "sparse_block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer (a number of positions)")
+        if self.sparse_global_tokens < 0:
+            raise ValueError(f"sparse_global_tokens={self.sparse_global_tokens} must be 0 or more (a number of "
+                             f"positions at the start)")
 
     def _check_token_ids(self):
         # The base class only warns for ids outside the vocabulary; an embedding lookup would fail much later.
@@ -181,4 +219,4 @@ class VaswaniConfig(PreTrainedConfig):
                 )
 
 
-__all__ = ["VaswaniConfig", "PRESETS"]
+__all__ = ["VaswaniConfig", "PRESETS", "ATTENTION_PATTERNS"]

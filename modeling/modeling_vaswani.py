@@ -31,6 +31,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .attention_patterns_vaswani import pattern_attention, pattern_mask, self_attention_cache
 from .configuration_vaswani import VaswaniConfig
 from .positions_vaswani import SinusoidalPositions
 
@@ -114,9 +115,11 @@ def _attend_somewhere(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
 
 class VaswaniAttention(nn.Module):
     """Multi-head attention. One class serves encoder self-, decoder self- and cross-attention: the caller passes
-    `key_value_states` (the encoder output) for cross-attention."""
+    `key_value_states` (the encoder output) for cross-attention. `pattern` is "full" (the paper) or a long-input
+    pattern of attention_patterns_vaswani.py (local, block-sparse, linear), which replaces the backend function."""
 
-    def __init__(self, config: VaswaniConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
+    def __init__(self, config: VaswaniConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None,
+                 pattern: str = "full"):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
@@ -124,6 +127,7 @@ class VaswaniAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.is_causal = is_causal  # SDPA and flash read this when the mask is None; if absent they assume causal
         self.layer_idx = layer_idx
+        self.pattern = pattern
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
@@ -156,7 +160,7 @@ class VaswaniAttention(nn.Module):
             source = key_value_states if is_cross else hidden_states
             key = self._split_heads(self.k_proj(source))
             value = self._split_heads(self.v_proj(source))
-            if layer_cache is not None:
+            if layer_cache is not None and self.pattern != "linear":  # linear attention caches running sums instead
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross:
                     cache.is_updated[self.layer_idx] = True
@@ -167,7 +171,11 @@ class VaswaniAttention(nn.Module):
             kwargs = {**kwargs, **varlen_kwargs}
             attention_mask = None
 
-        attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if self.pattern == "full":
+            attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        else:
+            attend = pattern_attention(self.pattern, implementation)
+            kwargs = {**kwargs, "linear_state": layer_cache} if self.pattern == "linear" else kwargs
         dropout = self.config.attention_dropout if self.training else 0.0
         out, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout, **kwargs)
         return self.o_proj(out.reshape(*out.shape[:2], -1)), weights
@@ -208,7 +216,8 @@ class VaswaniEncoderLayer(_Sublayers, GradientCheckpointingLayer):
         super().__init__()
         self.normalize_before = config.normalize_before
         self.dropout = config.dropout
-        self.self_attn = VaswaniAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.self_attn = VaswaniAttention(config, config.encoder_attention_heads, layer_idx=layer_idx,
+                                          pattern=config.encoder_attention_pattern)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = VaswaniFeedForward(config, config.encoder_ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -231,7 +240,8 @@ class VaswaniDecoderLayer(_Sublayers, GradientCheckpointingLayer):
         self.normalize_before = config.normalize_before
         self.dropout = config.dropout
         heads = config.decoder_attention_heads
-        self.self_attn = VaswaniAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn = VaswaniAttention(config, heads, is_causal=True, layer_idx=layer_idx,
+                                          pattern=config.decoder_attention_pattern)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = VaswaniAttention(config, heads, layer_idx=layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -357,9 +367,13 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         positions = self.embed_positions.range(0, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device)
         hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
 
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(attention_mask)
-        )
+        pattern = self.config.encoder_attention_pattern
+        if pattern == "full":
+            attention_mask = create_bidirectional_mask(
+                config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(attention_mask))
+        else:  # long-input patterns take the padding mask, never an n x n one
+            attention_mask = pattern_mask(self.config, pattern, inputs_embeds, _attend_somewhere(attention_mask),
+                                          causal=False)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         if self.layer_norm is not None:
@@ -409,15 +423,19 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         inputs_embeds = inputs_embeds * self.embed_scale
 
         if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+            cache = EncoderDecoderCache(self_attention_cache(self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
         positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], inputs_embeds.dtype,
                                                inputs_embeds.device)
         hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
 
-        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds,
-                                         attention_mask=_attend_somewhere(attention_mask), cache=self_attention_cache)
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        if self.config.decoder_attention_pattern == "full":
+            causal_mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds,
+                                             attention_mask=_attend_somewhere(attention_mask), cache=self_cache)
+        else:  # long-input patterns take the padding mask (past and new tokens) and are causal by themselves
+            causal_mask = pattern_mask(self.config, self.config.decoder_attention_pattern, inputs_embeds,
+                                       _attend_somewhere(attention_mask), causal=True, cache=self_cache)
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(encoder_attention_mask),
             encoder_hidden_states=encoder_hidden_states)
@@ -544,6 +562,19 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         else:
             cache.reorder_cache(beam_idx)
         return cache
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """transformers' cache, with the decoder's self-attention part made for its pattern (a rolling window for
+        local attention, running sums for linear attention)."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache, pattern = model_kwargs.get("cache"), self.config.decoder_attention_pattern
+        if pattern == "full" or not isinstance(cache, EncoderDecoderCache) or getattr(cache, "_is_user_defined", 0):
+            return
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} holds full "
+                             f"attention's keys; decoder_attention_pattern={pattern!r} keeps a cache of its own: "
+                             f"leave cache_implementation unset")
+        model_kwargs["cache"] = EncoderDecoderCache(self_attention_cache(self.config), cache.cross_attention_cache)
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                 streamer=None, **model_kwargs):

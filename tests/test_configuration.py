@@ -55,6 +55,12 @@ def test_auto_config_for_model():
         (dict(vocab_size=3), r"eos_token_id=3 is outside the vocabulary \[0, 3\)"),
         (dict(pad_token_id=37000), "pad_token_id=37000 is outside the vocabulary"),
         (dict(decoder_start_token_id=-1), "decoder_start_token_id=-1 is outside the vocabulary"),
+        (dict(encoder_attention_pattern="sparse"), r"encoder_attention_pattern='sparse' is unknown; choose one of "
+                                                   r"\('full', 'local', 'block_sparse', 'linear'\)"),
+        (dict(decoder_attention_pattern="window"), "decoder_attention_pattern='window' is unknown"),
+        (dict(attention_window=0), "attention_window=0 must be a positive integer"),
+        (dict(sparse_block_size=0), "sparse_block_size=0 must be a positive integer"),
+        (dict(sparse_global_tokens=-2), "sparse_global_tokens=-2 must be 0 or more"),
     ],
 )
 def test_invalid_configs_raise_value_error_naming_field_and_fix(kwargs, message):
@@ -67,7 +73,9 @@ def test_generation_settings_are_not_config_fields():
 
 
 def test_save_load_round_trip(tmp_path):
-    c = VaswaniConfig.from_preset("tiny", normalize_before=True, position_encoding="sinusoidal_split")
+    c = VaswaniConfig.from_preset("tiny", normalize_before=True, position_encoding="sinusoidal_split",
+                                  encoder_attention_pattern="block_sparse", decoder_attention_pattern="linear",
+                                  attention_window=7, sparse_block_size=5, sparse_global_tokens=2)
     c.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, vaswani.VaswaniConfig)
