@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The one command for a lent GPU machine (the `device` tool): gpu_check.py (flash-attention-2 and SDPA against
-# eager in bf16, padded) and gpu_benchmark.py (base and big sizes), logs and JSON into $OUT.
+# eager in bf16, padded), gpu_benchmark.py (base and big sizes) and gpu_patterns.py (the long-input attention
+# patterns on flash and flex attention: agreement with eager, training-step time against source length), logs and
+# JSON into $OUT. GPU_RUN_PARTS picks some of them (default "check benchmark patterns"; e.g. GPU_RUN_PARTS=patterns
+# for a short call).
 #
 # That machine has CUDA PyTorch but transformers 5.17 and no network, so carry transformers 5.24 as a wheel:
 #   here, once:  echo /.whl/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                  --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
-#   device:      run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=540)
+#   device:      run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=600)
 # This package is not built there: its three folders are copied into a `vaswani` package under $SITE (the layout
 # pyproject's package-dir gives), so no build backend is needed.
 #
@@ -30,9 +33,12 @@ if [ -n "${GPU_RUN_SMOKE:-}" ]; then
     check_args=(--device cpu --preset tiny --vocab_size 100 --batch 4 --src_len 9 --tgt_len 7)
     bench_args=(--device cpu --dtype float32 --sizes tiny --vocab_size 100 --batch 4 --length 8 --rounds 1
                 --new_tokens 4 --peak_n 256)
+    pattern_args=(--device cpu --preset tiny --vocab_size 100 --window 3 --block 4 --batch 2 --src_len 20
+                  --tgt_len 6 --lengths 32 64)
 else
     check_args=()
     bench_args=()
+    pattern_args=()
     nvidia-smi 2>&1 | tee "$out/nvidia-smi.txt"
 fi
 
@@ -42,7 +48,16 @@ device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, vaswani from {vaswani.__file__}, {device}")
 EOF
 status=0
-timeout 180 "$python" scripts/gpu_check.py "${check_args[@]}" 2>&1 | tee "$out/gpu_check.log" || status=1
-timeout 330 "$python" scripts/gpu_benchmark.py "${bench_args[@]}" --output "$out/gpu_benchmark.json" 2>&1 \
-    | tee "$out/gpu_benchmark.log" || status=1
+parts=" ${GPU_RUN_PARTS:-check benchmark patterns} "
+if [[ $parts == *" check "* ]]; then
+    timeout 150 "$python" scripts/gpu_check.py "${check_args[@]}" 2>&1 | tee "$out/gpu_check.log" || status=1
+fi
+if [[ $parts == *" benchmark "* ]]; then
+    timeout 270 "$python" scripts/gpu_benchmark.py "${bench_args[@]}" --output "$out/gpu_benchmark.json" 2>&1 \
+        | tee "$out/gpu_benchmark.log" || status=1
+fi
+if [[ $parts == *" patterns "* ]]; then
+    timeout 120 "$python" scripts/gpu_patterns.py "${pattern_args[@]}" --output "$out/gpu_patterns.json" 2>&1 \
+        | tee "$out/gpu_patterns.log" || status=1
+fi
 exit $status
