@@ -43,3 +43,33 @@ def test_plot_attention_per_layer(loaded, tmp_path):
                                        ("encoder_self_attention", "decoder_self_attention", "cross_attention")
                                        for i in range(2)]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_plot_attention_shows_each_pattern(loaded, tmp_path):
+    """A local encoder's maps are a band, a block-sparse decoder's are blocks with a global column, zero elsewhere;
+    linear attention's implied weights are rows that sum to one; the titles name the patterns."""
+    from vaswani import VaswaniForConditionalGeneration
+    from vaswani.training.attention_plots import attention_maps, save_attention_plots
+
+    model, tokenizer = loaded
+    for encoder, decoder in (("local", "block_sparse"), ("linear", "linear")):
+        config = model.config.to_dict()
+        config.update(encoder_attention_pattern=encoder, decoder_attention_pattern=decoder, attention_window=1,
+                      sparse_block_size=2, sparse_global_tokens=1)
+        patterned = VaswaniForConditionalGeneration(type(model.config).from_dict(config))
+        patterned.load_state_dict(model.state_dict())
+        maps = attention_maps(patterned, tokenizer, "TRANSFORMERS", max_new_tokens=8)
+        source, target = maps.encoder_self_attention, maps.decoder_self_attention
+        np.testing.assert_allclose(source.sum(-1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(target.sum(-1), 1.0, atol=1e-5)
+        if encoder == "local":
+            i, j = np.indices(source.shape[-2:])
+            assert source[..., np.abs(i - j) > 1].max() == 0.0 and source[..., np.abs(i - j) <= 1].min() > 0.0
+            i, j = np.indices(target.shape[-2:])
+            outside = (np.abs(i // 2 - j // 2) > 1) & (j > 0) & (i > 0) | (j > i)
+            assert target[..., outside].max() == 0.0 and target[..., ~outside].min() > 0.0
+            assert "local attention, window 1" in maps.patterns["encoder_self_attention"]
+        else:
+            assert maps.patterns["decoder_self_attention"] == "linear attention, implied weights"
+            assert np.abs(np.triu(target, k=1)).max() == 0.0
+        assert len(save_attention_plots(maps, tmp_path / encoder)) == 3

@@ -7,6 +7,9 @@ of position i of the decoder are those that predicted output token i, so:
 - encoder self-attention: rows and columns are the source tokens;
 - decoder self-attention: rows and columns are the decoder inputs (`<s>`, then the output);
 - cross-attention: rows are the output tokens (the one each step produced), columns the source.
+A long-input attention pattern shows as what it is (each title names it): a band (local), blocks with the global
+rows and columns (block-sparse), zero outside them; linear attention has no softmax, and its maps are the implied
+weights phi(q_i).phi(k_j) / sum_j phi(q_i).phi(k_j).
 `save_attention_plots` draws each kind as a grid of layers (rows) x heads (columns) into one PNG,
 or one PNG per layer. matplotlib is imported only here, with the Agg backend (no display).
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,7 @@ class AttentionMaps:
     encoder_self_attention: np.ndarray  # (L, H, S, S)
     decoder_self_attention: np.ndarray  # (L, H, T, T)
     cross_attention: np.ndarray  # (L, H, T, S)
+    patterns: dict[str, str] = field(default_factory=dict)  # kind -> the attention pattern it shows, in words
 
     def axes(self, kind: str) -> tuple[list[str], list[str]]:
         """(row labels, column labels) of a kind."""
@@ -47,6 +51,20 @@ class AttentionMaps:
             "decoder_self_attention": (self.decoder_tokens, self.decoder_tokens),
             "cross_attention": (self.output_tokens, self.source_tokens),
         }[kind]
+
+
+def pattern_description(config, side: str) -> str:
+    """The self-attention pattern of one stack in words, for titles: "full", "local (window 3)", ..."""
+    pattern = getattr(config, f"{side}_attention_pattern", "full")
+    if pattern == "local":
+        return f"local attention, window {config.attention_window}"
+    if pattern == "block_sparse":
+        globals_ = config.sparse_global_tokens
+        return (f"block-sparse attention, blocks of {config.sparse_block_size}, "
+                f"{globals_} global token{'' if globals_ == 1 else 's'}")
+    if pattern == "linear":
+        return "linear attention, implied weights"
+    return "full attention"
 
 
 def _readable(tokens: list[str]) -> list[str]:
@@ -85,6 +103,9 @@ def attention_maps(model, tokenizer, text: str, max_new_tokens: int | None = Non
         encoder_self_attention=stack(outputs.encoder_attentions),
         decoder_self_attention=stack(outputs.decoder_attentions),
         cross_attention=stack(outputs.cross_attentions),
+        patterns={"encoder_self_attention": pattern_description(model.config, "encoder"),
+                  "decoder_self_attention": pattern_description(model.config, "decoder"),
+                  "cross_attention": "full attention"},
     )
 
 
@@ -133,7 +154,8 @@ def save_attention_plots(maps: AttentionMaps, output_dir: str | Path, per_layer:
     for kind in KINDS:
         weights = getattr(maps, kind)
         rows, columns = maps.axes(kind)
-        title = f"{kind.replace('_', ' ')}: {source}  ->  {maps.output_text}"
+        pattern = f" ({maps.patterns[kind]})" if kind in maps.patterns else ""
+        title = f"{kind.replace('_', ' ')}{pattern}: {source}  ->  {maps.output_text}"
         groups = [(f"_layer{i}", [i]) for i in range(len(weights))] if per_layer else [("", range(len(weights)))]
         for suffix, layers in groups:
             path = output_dir / f"{prefix}{kind}{suffix}.png"
