@@ -106,3 +106,19 @@ def test_a_checkpoint_whose_fast_paths_fail_to_import_loads_on_the_reference_pat
     assert torch.allclose(outputs["logits"], logits, rtol=0, atol=1e-5)
     assert torch.equal(outputs["generated"], generated)
 
+
+
+def test_attention_patterns_travel_with_the_checkpoint(tmp_path):
+    """A local encoder and a linear decoder load through trust_remote_code (attention_patterns_vaswani.py copied
+    beside the model) and give the same logits and tokens, the decoder's cache built for its pattern there too."""
+    torch.manual_seed(2)
+    config = VaswaniConfig.from_preset("tiny", dropout=0.0, encoder_attention_pattern="local", attention_window=1,
+                                       decoder_attention_pattern="linear")
+    model = VaswaniForConditionalGeneration(config).eval()
+    outputs, inputs, _ = _save_and_load_elsewhere(tmp_path, model)
+    assert (tmp_path / "checkpoint" / "attention_patterns_vaswani.py").exists()
+    config_json = (tmp_path / "checkpoint" / "config.json").read_text()
+    assert '"encoder_attention_pattern": "local"' in config_json and '"attention_window": 1' in config_json
+    logits, generated = _expected(model, inputs)
+    assert torch.equal(outputs["logits"], logits)
+    assert torch.equal(outputs["generated"], generated)
