@@ -73,7 +73,7 @@ def test_end_to_end_output_folder(trained):
     files = {p.name for p in out.iterdir()}
     for name in ("config.json", "generation_config.json", "model.safetensors", "configuration_vaswani.py",
                  "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py", "decoding_vaswani.py",
-                 "tokenization_vaswani.py",
+                 "attention_patterns_vaswani.py", "tokenization_vaswani.py",
                  "spm.model", "tokenizer_config.json", "README.md", "metrics.json", "train_log.jsonl", "runs", "checkpoints"):
         assert name in files, (name, files)
     assert list((out / "runs").glob("events.out.tfevents.*"))
@@ -187,7 +187,8 @@ def test_push_sends_exactly_the_model_files(trained, monkeypatch):
         url = push_folder(out, "someone/vaswani-g2p-test")
     create_repo.assert_called_once()
     assert sent["repo_id"] == "someone/vaswani-g2p-test" and url.endswith("/commit/0")
-    expected = ["README.md", "config.json", "configuration_vaswani.py", "decoding_vaswani.py",
+    expected = ["README.md", "attention_patterns_vaswani.py", "config.json", "configuration_vaswani.py",
+                "decoding_vaswani.py",
                 "fast_paths_vaswani.py", "generation_config.json", "metrics.json",
                 "model.safetensors", "modeling_vaswani.py", "positions_vaswani.py", "spm.model",
                 "tokenization_vaswani.py", "tokenizer_config.json"]
@@ -494,7 +495,8 @@ def test_default_model_is_the_g2p_small_preset():
 def test_flag_defaults_are_the_settings_defaults_except_the_task_recipe():
     from vaswani.training.loop import TrainingSettings
 
-    for task, argv in (("g2p", []), ("translation", ["--task", "translation"])):
+    for task, argv in (("g2p", []), ("translation", ["--task", "translation"]),
+                       ("g2p-paragraph", ["--task", "g2p-paragraph"])):
         settings = vars(cli.make_settings(cli.parse_args(argv)))
         plain = vars(TrainingSettings(output_dir="outputs/g2p"))
         recipe = {k: v for k, v in cli.TASK_DEFAULTS[task].items() if k in plain}

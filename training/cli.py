@@ -3,7 +3,16 @@ folder) and `vaswani-average` (`average_main`: the mean of a finished run's last
 `python scripts/train.py` and `python scripts/average_checkpoints.py` are the same commands.
 
 With no arguments `vaswani-train` trains the default G2P model on the shipped CMUdict split. Model hyperparameters
-come from the config only (`--preset` plus `--config_overrides`); the other flags say how to train.
+come from the config only (`--preset`, or the config of the `--init_from` model, plus `--config_overrides`); the
+other flags say how to train.
+
+The long-input task, paragraph-level G2P, from scratch, or warm-started from a word-level G2P model folder (the
+main job's outputs/g2p) with full or local attention:
+    vaswani-train --task g2p-paragraph --time_budget 20m --output_dir outputs/paragraph
+    vaswani-train --task g2p-paragraph --init_from outputs/g2p --config_overrides max_position_embeddings=2048 \
+        --time_budget 20m --output_dir outputs/paragraph-full
+    vaswani-train --task g2p-paragraph --init_from outputs/g2p --time_budget 20m --output_dir outputs/paragraph-local \
+        --config_overrides max_position_embeddings=2048,encoder_attention_pattern=local,attention_window=64
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from vaswani import PRESETS
 from .checkpoints import CHECKPOINT_DIR
 from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
 from .loop import TrainingSettings, settings_dict
+from .paragraphs import DEV_LINES, PARAGRAPH_WORDS, TRAIN_LINES, WORD_BOUNDARY
+from .tasks import SPECS, TASKS
 from .time_budget import Deadline, parse_duration
 
 logger = logging.getLogger(__name__)
@@ -28,13 +39,23 @@ logger = logging.getLogger(__name__)
 # Words that are not in the shipped training file (checked by tests/test_training_loop.py), shown after G2P training.
 G2P_NEW_WORDS = ["VASWANI", "HUGGINGFACE", "TOKENIZER", "PYTORCH", "SMARTPHONE", "SELFIE", "PODCAST", "WIKIPEDIA"]
 
+# What the end of a run shows when --show is not given (other tasks: the first 5 dev sources): words that are not in
+# the shipped file, alone and as one line.
+SHOWN = {"g2p": G2P_NEW_WORDS, "g2p-paragraph": [f" {WORD_BOUNDARY} ".join(G2P_NEW_WORDS)]}
+
 # The recipe of each task: the defaults of the flags that differ by task. The model is a preset of the config
 # (for g2p the main job's, scripts/main_job.sh); every other flag defaults to its TrainingSettings field.
+# g2p-paragraph: lines of 250-1,150 tokens a side, so a batch holds a few lines (4096 tokens, ~4 lines on average,
+# the longest alone fits); a warm start from a word-level model is the expected use, hence the short warmup; greedy
+# decoding (a beam over 600-token outputs multiplies the evaluation's cost for little); every example kept
+# (max_source_length over the longest line of 128 words).
 TASK_DEFAULTS = {
     "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=400, eval_every=300, save_every=600,
-                max_steps=30000, num_beams=4, ema_decay=0.998),
+                max_steps=30000, num_beams=4, ema_decay=0.998, max_source_length=256),
+    "g2p-paragraph": dict(preset="g2p-paragraph", max_tokens=4096, lr=1e-3, warmup_steps=100, eval_every=100,
+                          save_every=200, max_steps=20000, num_beams=1, ema_decay=0.99, max_source_length=2048),
     "translation": dict(preset="base", max_tokens=4096, lr=7e-4, warmup_steps=4000, eval_every=1000,
-                        save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0),
+                        save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0, max_source_length=256),
 }
 _SETTING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
 
@@ -87,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_data_arguments(d) -> None:
-    d.add_argument("--task", choices=("g2p", "translation"), default=None,
-                   help="g2p (WORD<TAB>PHONEMES files, WER/PER) or translation (any text pairs, BLEU/chrF); "
+    d.add_argument("--task", choices=TASKS, default=None,
+                   help="g2p (WORD<TAB>PHONEMES files, WER/PER), g2p-paragraph (lines of those words, the "
+                        "long-input task; WER/PER of the lines) or translation (any text pairs, BLEU/chrF); "
                         "default: g2p without --train_file, translation with it")
     d.add_argument("--train_file", help="training data: .tsv/.csv (a header row naming the columns, or two "
                                         "columns without one), .jsonl, or a Hub dataset name; for --task g2p a "
@@ -98,6 +120,10 @@ def _add_data_arguments(d) -> None:
     d.add_argument("--target_column", default="target")
     d.add_argument("--dev_percent", type=int, default=DEFAULT_DEV_PERCENT,
                    help="without --validation_file: percent of sources (by crc32) held out as dev set")
+    d.add_argument("--paragraph_words", type=int, nargs=2, default=list(PARAGRAPH_WORDS), metavar=("MIN", "MAX"),
+                   help="g2p-paragraph: words per line")
+    d.add_argument("--paragraph_lines", type=int, nargs=2, default=[TRAIN_LINES, DEV_LINES], metavar=("TRAIN", "DEV"),
+                   help="g2p-paragraph: training lines (drawn with --seed) and dev lines (a fixed draw)")
     d.add_argument("--tokenizer", help="an existing tokenizer folder; default: train one on the training data")
     d.add_argument("--tokenizer_vocab_size", type=int, help="vocabulary of a newly trained tokenizer "
                                                             "(default: every symbol for g2p, 8000 otherwise)")
@@ -106,6 +132,9 @@ def _add_data_arguments(d) -> None:
 
 def _add_model_arguments(m) -> None:
     m.add_argument("--preset", choices=sorted(PRESETS), help=f"config preset ({_by_task('preset')})")
+    m.add_argument("--init_from", metavar="MODEL_FOLDER",
+                   help="warm start: the config and weights of a saved vaswani model folder (its embedding rows "
+                        "matched to this run's tokenizer by piece, new pieces initialised fresh); instead of --preset")
     m.add_argument("--config_overrides", default="", help="config fields over the preset's, e.g. "
                                                           "d_model=128,encoder_layers=2,dropout=0.2")
     m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
@@ -120,6 +149,8 @@ def _add_training_arguments(t) -> None:
     t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in output_dir")
     t.add_argument("--max_tokens", type=int,
                    help=f"padded tokens per micro-batch and process ({_by_task('max_tokens')})")
+    t.add_argument("--max_source_length", type=int, help="training examples longer than this many tokens on either "
+                                                         f"side are dropped ({_by_task('max_source_length')})")
     t.add_argument("--grad_accum", type=int, default=_SETTING_DEFAULTS["grad_accum"])
     t.add_argument("--lr", type=float, help="peak learning rate after warmup (inverse square root decay after; "
                                             f"{_by_task('lr')})")
@@ -167,6 +198,15 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
                 data_file_format(path)
             except ValueError as error:
                 parser.error(f"--{name}: {error}")
+    if args.init_from is not None and not (Path(args.init_from) / "config.json").is_file():
+        parser.error(f"--init_from {args.init_from!r} is not a saved model folder (no config.json); pass the "
+                     "--output_dir of a finished vaswani-train run")
+    low, high = args.paragraph_words
+    if not 1 <= low <= high:
+        parser.error(f"--paragraph_words {low} {high}: give MIN MAX with 1 <= MIN <= MAX")
+    if min(args.paragraph_lines) < 1:
+        parser.error(f"--paragraph_lines {' '.join(map(str, args.paragraph_lines))}: give at least 1 training and 1 "
+                     "dev line")
     if args.tokenizer and not Path(args.tokenizer).is_dir():
         parser.error(f"--tokenizer {args.tokenizer!r} is not a folder (a saved tokenizer is a folder with spm.model)")
     if args.push_to_hub and not args.hub_model_id:
@@ -199,8 +239,11 @@ def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.task = args.task or ("translation" if args.train_file else "g2p")
+    if args.init_from is not None and args.preset is not None:
+        parser.error("--init_from takes the model's config from the folder; drop --preset (change fields with "
+                     "--config_overrides)")
     for key, value in TASK_DEFAULTS[args.task].items():
-        if getattr(args, key) is None:
+        if getattr(args, key) is None and not (key == "preset" and args.init_from is not None):
             setattr(args, key, value)
     _check_args(parser, args)
     return args
@@ -229,7 +272,7 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
 
     output_dir = Path(args.output_dir)
     model = result.model
-    show = args.show if args.show is not None else (G2P_NEW_WORDS if data.task == "g2p" else data.dev_sources[:5])
+    show = args.show if args.show is not None else SHOWN.get(data.task, data.dev_sources[:5])
     outputs = generate_texts(model, tokenizer, show) if show else []
     dev = {k: v for k, v in result.dev.items() if k != "predictions"}
     dev["max_length"] = model.generation_config.max_length
@@ -263,10 +306,9 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
         settings=n_settings, repo_id=args.hub_model_id, predictions=list(zip(show, outputs)),
         examples=show[:3], license=args.license)
     write_model_folder(output_dir, model, tokenizer, card=card, metrics=metrics)
-    what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if data.task == "g2p" else f"{k} {dev[k]:.2f}"
-                    for k in (("wer", "per") if data.task == "g2p" else ("bleu", "chrf")))
-    print(f"\nDev ({len(data.dev_sources)} {'words' if data.task == 'g2p' else 'sources'}, beam "
-          f"{settings.num_beams}, {weights}): {what}")
+    spec = data.spec
+    what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if spec.percent else f"{k} {dev[k]:.2f}" for k in spec.metrics)
+    print(f"\nDev ({len(data.dev_sources)} {spec.unit}, beam {settings.num_beams}, {weights}): {what}")
     for source, output in zip(show, outputs):
         print(f"  {source:<14} {output}")
     if args.push_to_hub:
@@ -295,13 +337,11 @@ def run_training(args) -> dict:
 
     from .loop import make_accelerator, train
     from .model_card import check_metadata
-    from .tasks import load_task_data
 
     check_metadata(args.license, "text2text-generation")
     accelerator = make_accelerator(settings)
     try:
-        data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column,
-                              args.target_column, args.dev_percent)
+        data = task_data(args)
     except ValueError as error:
         raise SystemExit(f"vaswani-train: error: {error}") from None
     accelerator.print(data.description)
@@ -317,6 +357,16 @@ def run_training(args) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
+
+
+def task_data(args):
+    """The `tasks.TaskData` of parsed arguments (a run's, or its saved training_args.json, where runs from before
+    the paragraph task lack its flags)."""
+    from .tasks import load_task_data
+
+    return load_task_data(args.task, args.train_file, args.validation_file, args.source_column, args.target_column,
+                          args.dev_percent, paragraph_words=getattr(args, "paragraph_words", PARAGRAPH_WORDS),
+                          paragraph_lines=getattr(args, "paragraph_lines", (TRAIN_LINES, DEV_LINES)), seed=args.seed)
 
 
 def _configure_logging() -> None:
@@ -355,12 +405,14 @@ def _run_tokenizer(args, data, accelerator):
 
 
 def build_config(args, vocab_size: int):
-    """The model config of parsed vaswani-train arguments: the preset, the overrides, the label smoothing, the
-    vocabulary."""
+    """The model config of parsed vaswani-train arguments: the preset (or the config of the --init_from model), the
+    overrides, the label smoothing, the vocabulary."""
     from vaswani import VaswaniConfig
 
-    return VaswaniConfig.from_preset(args.preset, **{**args.overrides, "vocab_size": vocab_size,
-                                                     "label_smoothing": args.label_smoothing})
+    fields = {**args.overrides, "vocab_size": vocab_size, "label_smoothing": args.label_smoothing}
+    if getattr(args, "init_from", None) is not None:
+        return VaswaniConfig.from_dict({**VaswaniConfig.get_config_dict(args.init_from)[0], **fields})
+    return VaswaniConfig.from_preset(args.preset, **fields)
 
 
 def _run_config(args, tokenizer, accelerator):
@@ -385,7 +437,8 @@ def _run_config(args, tokenizer, accelerator):
         state_dir.mkdir(parents=True, exist_ok=True)
         config.save_pretrained(state_dir)
         (output_dir / "training_args.json").write_text(json.dumps(vars(args), indent=1, default=str), encoding="utf-8")
-    accelerator.print(f"model: preset {args.preset}, {json.dumps(args.overrides)}; vocab {len(tokenizer)}; "
+    base = f"the config of {args.init_from}" if args.init_from is not None else f"preset {args.preset}"
+    accelerator.print(f"model: {base}, {json.dumps(args.overrides)}; vocab {len(tokenizer)}; "
                       f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, "
                       f"{torch.get_num_threads()} thread(s) each")
     return config
@@ -437,7 +490,6 @@ def average_run(argv=None) -> dict:
 
     from .evaluation import describe_final, final_evaluation
     from .loop import TrainingResult
-    from .tasks import load_task_data
 
     args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
     args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
@@ -445,8 +497,7 @@ def average_run(argv=None) -> dict:
     if options.num_beams:
         args.num_beams = options.num_beams
     settings = make_settings(args)
-    data = load_task_data(args.task, args.train_file, args.validation_file, args.source_column, args.target_column,
-                          args.dev_percent)
+    data = task_data(args)
     state_dir = run / CHECKPOINT_DIR
     tokenizer = VaswaniTokenizer.from_pretrained(args.tokenizer or state_dir / "tokenizer")
     print(f"averaging the weights of the last {options.last} checkpoints of {run}, then evaluating them on the "

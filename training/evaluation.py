@@ -22,8 +22,7 @@ from .averaging import average_checkpoints
 from .batching import Seq2SeqCollator
 from .checkpoints import BEST_DIR
 from .generation import generate_lines
-from .metrics import bleu, chrf, g2p_scores
-from .tasks import TaskData, encode_pairs
+from .tasks import SPECS, TaskData, encode_pairs
 from .train_state import load_weights
 
 
@@ -71,11 +70,11 @@ def dev_loss(model, examples: list[dict], pad_token_id: int, max_tokens: int = 8
 
 
 def score(task: str, predictions: list[str], references: list[list[str]]) -> dict[str, float]:
-    """Task metrics in percent: g2p -> wer, per; translation -> bleu, chrf."""
-    if task == "g2p":
-        scores = g2p_scores(predictions, references)
-        return {"wer": 100 * scores.wer, "per": 100 * scores.per}
-    return {"bleu": bleu(predictions, references), "chrf": chrf(predictions, references)}
+    """The task's dev figures (`tasks.SPECS`): g2p and g2p-paragraph -> wer, per (percent; by line length too for
+    paragraphs); translation -> bleu, chrf."""
+    if task not in SPECS:
+        raise ValueError(f"task={task!r} is unknown; choose one of {tuple(SPECS)}")
+    return SPECS[task].score(predictions, references)
 
 
 def evaluate(model, tokenizer, task: str, sources: list[str], references: list[list[str]], examples: list[dict],

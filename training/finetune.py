@@ -96,7 +96,8 @@ def make_compute_metrics(tokenizer, references: Sequence[Sequence[str]], task: s
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`.
 
     references[i]: every acceptable output for eval example i (same order as the eval dataset).
-    Returns {"wer", "per"} for task "g2p" and {"bleu", "chrf"} for "translation", in percent.
+    Returns the task's figures (`evaluation.score`): {"wer", "per"} for "g2p" (and WER by line length for
+    "g2p-paragraph"), {"bleu", "chrf"} for "translation".
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -148,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--source_column", default="source")
     data.add_argument("--target_column", default="target")
     data.add_argument("--task", choices=TASKS, default=None,
-                      help="metrics: g2p (WER/PER) or translation (BLEU/chrF); default g2p without --train_file")
+                      help="metrics: g2p (WER/PER), g2p-paragraph (WER/PER of lines of words, the default line counts; "
+                           "the checkpoint's tokenizer needs the word boundary '|': start from a vaswani-train "
+                           "--task g2p-paragraph model) or translation (BLEU/chrF); default g2p without --train_file")
     data.add_argument("--max_train_samples", type=int, default=None, help="a random subset (seeded) of this size")
     data.add_argument("--max_eval_samples", type=int, default=None, help="the first N evaluation sources")
     data.add_argument("--max_source_length", type=int, default=None, help="truncate sources (tokens)")

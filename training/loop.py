@@ -72,6 +72,7 @@ from .schedule import make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline, format_duration
 from .train_state import load_training_state, save_training_state
+from .warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class TrainingSettings:
     ema_decay: float = 0.0  # > 0: evaluate, keep and export an exponential moving average of the weights
     average_last: int = 1  # > 1: export the average of the last K checkpoints' weights instead of the best one
     max_source_length: int = 256  # longer training examples are dropped (with a warning)
+    init_from: str | None = None  # a saved model folder whose weights start the run (`warm_start`); None: at random
     progress_bar: bool = True
     tensorboard: bool = True
 
@@ -281,6 +283,10 @@ class TrainingRun:
         settings = self.settings
         set_seed(settings.seed)
         model = VaswaniForConditionalGeneration(config)
+        if settings.init_from is not None:
+            started = warm_start(model, self.tokenizer, settings.init_from)
+            self.accelerator.print(f"warm start from {settings.init_from}: {started['copied']} of "
+                                   f"{len(self.tokenizer)} token rows copied by piece, new pieces {started['new']}")
         if settings.attn_implementation:
             model.set_attn_implementation(settings.attn_implementation)
         model.generation_config.max_length = self.max_length

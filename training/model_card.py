@@ -17,6 +17,9 @@ TEMPLATE_FILE = "model_card.md"  # inside the package `vaswani.data`
 LICENSES = ("apache-2.0", "mit", "bsd-2-clause", "bsd-3-clause", "cc-by-4.0", "cc-by-sa-4.0", "cc-by-nc-4.0",
             "cc0-1.0", "gpl-3.0", "lgpl-3.0", "mpl-2.0", "openrail", "other", "unknown")
 PIPELINE_TAGS = ("text2text-generation", "translation", "summarization")
+# The tasks on the CMUdict split (the card credits it) -> the dev set's name.
+CMUDICT_TASKS = {"g2p": "CMUdict g014b2b (dev: 5% of train words by crc32)",
+                 "g2p-paragraph": "CMUdict g014b2b lines of words (dev: lines of the 5% dev words by crc32)"}
 _METRIC_NAMES = {"wer": "WER (%)", "per": "PER (%)", "bleu": "BLEU", "chrf": "chrF", "loss": "dev loss (NLL)"}
 
 
@@ -63,20 +66,23 @@ def build_model_card(
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+    from .tasks import SPECS
+
     check_metadata(license, pipeline_tag)
-    metric_keys = ("wer", "per") if task == "g2p" else ("bleu", "chrf")
-    dataset_name = "CMUdict g014b2b (dev: 5% of train words by crc32)" if task == "g2p" else data_description.split(":")[0]
+    metric_keys = SPECS[task].metrics
+    cmudict = task in CMUDICT_TASKS
+    dataset_name = CMUDICT_TASKS[task] if cmudict else data_description.split(":")[0]
     eval_results = [
-        EvalResult(task_type=pipeline_tag, dataset_type="cmudict" if task == "g2p" else "custom",
+        EvalResult(task_type=pipeline_tag, dataset_type="cmudict" if cmudict else "custom",
                    dataset_name=dataset_name, dataset_split="dev", metric_type=k, metric_name=_METRIC_NAMES[k],
                    metric_value=round(float(dev[k]), 2))
         for k in metric_keys
     ]
     tags = ["vaswani", "transformer", "encoder-decoder", "seq2seq"] + (["g2p", "grapheme-to-phoneme", "cmudict"]
-                                                                     if task == "g2p" else [])
+                                                                     if cmudict else [])
     card_data = ModelCardData(
         library_name="transformers", pipeline_tag=pipeline_tag, license=license, tags=tags,
-        language=["en"] if task == "g2p" else None, model_name=model_name, eval_results=eval_results,
+        language=["en"] if cmudict else None, model_name=model_name, eval_results=eval_results,
         metrics=list(metric_keys),
     )
     config_fields = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
@@ -99,6 +105,7 @@ def build_model_card(
         predictions=list(predictions),
         data_description=data_description,
         dev_size=dev_size,
+        unit=SPECS[task].unit,
         weights=weights,
         metrics=[(_METRIC_NAMES[k], f"{dev[k]:.2f}") for k in (*metric_keys, "loss") if k in dev],
         wer_rounded=round(dev.get("wer", 0)),
