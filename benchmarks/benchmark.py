@@ -5,6 +5,7 @@ each of vaswani's fast paths.
     python benchmarks/benchmark.py --sizes g2p --rounds 7
     python benchmarks/benchmark.py --fast_paths      # also each fast path on against off (names after the flag: those)
     python benchmarks/benchmark.py --quick           # a tiny run that checks the bookkeeping (used by the tests)
+    python benchmarks/benchmark.py --long_inputs     # the attention patterns' cost curves (benchmarks/long_inputs.py)
 
 Each comparison alternates the two contenders round by round (A, B, A, B, ...) so that a noisy, shared machine slows
 both alike, and reports medians with min-max, and the median (min-max) of the per-round ratios: each round's two
@@ -760,7 +761,14 @@ def main(argv=None):
     parser.add_argument("--deploy", metavar="CHECKPOINT", help="only the deployment section (benchmarks/deploy.py): "
                         "decode the dev words with a trained G2P checkpoint in each engine")
     parser.add_argument("--words", type=int, default=1000, help="--deploy: dev words decoded per round")
+    parser.add_argument("--long_inputs", nargs=argparse.REMAINDER, metavar="ARGS", help="only the long-inputs "
+                        "section (benchmarks/long_inputs.py), with the arguments that follow")
     args = parser.parse_args(argv)
+    if args.long_inputs is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from long_inputs import main as long_inputs_main
+
+        return long_inputs_main(args.long_inputs)
     torch.set_num_threads(args.threads)
     if args.deploy:
         return run_deploy_section(args.deploy, args.words, args.rounds, args.threads, args.output_dir)

@@ -111,12 +111,31 @@ def _scatter_dense(weights: torch.Tensor, key_index: torch.Tensor, key_length: i
     return dense.scatter_add_(-1, index, weights * inside)
 
 
+def _one_query(module, query, key, value, attention_mask, seen: torch.Tensor, scaling: float, dropout: float,
+               **kwargs):
+    """One decoding step against the keys at the (sorted) indices `seen`, the last of them its own."""
+    key_length = key.shape[2]
+    contiguous = seen.numel() == 0 or int(seen[-1] - seen[0]) + 1 == seen.numel()
+    pick = (lambda x: x[:, :, int(seen[0]):]) if contiguous else (lambda x: x.index_select(2, seen))
+    mask = _key_padding(attention_mask, query, key_length).index_select(1, seen)
+    mask = (mask | (seen == key_length - 1))[:, None, None, :]  # a query always sees itself
+    out, weights = _softmax_attention(module, query, pick(key), pick(value), mask, scaling, dropout)
+    if weights is not None and kwargs.get("output_attentions"):
+        weights = _scatter_dense(weights, seen, key_length)
+    else:
+        weights = None
+    return out.transpose(1, 2).contiguous(), weights
+
+
 def local_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """Each query against the keys of its window: encoder |i - j| <= w, decoder i - w < j <= i. q (B, H, Tq, D),
     k/v (B, H, Tk, D) with the queries as the last Tq keys (a cache holds the ones before)."""
     batch, heads, query_length, _ = query.shape
     key_length = key.shape[2]
     window = module.config.attention_window
+    if module.is_causal and query_length == 1:  # a decoding step: the last `window` keys are its window
+        return _one_query(module, query, key, value, attention_mask, torch.arange(max(key_length - window, 0),
+                          key_length, device=query.device), scaling, dropout, **kwargs)
     left, right = (window - 1, 0) if module.is_causal else (window, window)
     chunk = min(query_length, max(window, _MIN_CHUNK))
     count = math.ceil(query_length / chunk)
@@ -151,6 +170,10 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     batch, heads, query_length, _ = query.shape
     key_length = key.shape[2]
     position = key_length - query_length  # of the first query
+    if causal and query_length == 1:  # a decoding step: the globals, the previous block and its own, up to itself
+        start = 0 if position < globals_ else max(position // block - 1, 0) * block
+        seen = torch.cat((torch.arange(min(globals_, start)), torch.arange(start, key_length))).to(query.device)
+        return _one_query(module, query, key, value, attention_mask, seen, scaling, dropout, **kwargs)
     lead = position % block  # queries before it in its block
     count = math.ceil((lead + query_length) / block)
     span = (2 if causal else 3) * block

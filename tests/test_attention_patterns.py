@@ -236,6 +236,29 @@ def test_incremental_decoding_equals_full_forward(pattern):
         assert layer.keys.shape[2] == 12
 
 
+@pytest.mark.parametrize("pattern", ["local", "block_sparse"])
+def test_a_plain_dynamic_cache_gives_the_same_steps(pattern):
+    """A caller's own DynamicCache (every key kept) gives the logits of the pattern's cache: a decoding step reads
+    its window or blocks out of whatever the cache holds."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = make_model(_config(pattern, attention_window=3)).double()
+    source = torch.randint(4, 100, (2, 9), generator=torch.Generator().manual_seed(9))
+    targets = torch.randint(4, 100, (2, 12), generator=torch.Generator().manual_seed(10))
+    encoder_outputs = model.get_encoder()(input_ids=source)
+    runs = []
+    for cache in (None, EncoderDecoderCache(DynamicCache(), DynamicCache())):
+        steps = []
+        for t in range(12):
+            out = model(encoder_outputs=encoder_outputs, decoder_input_ids=targets[:, t : t + 1], cache=cache,
+                        use_cache=True)
+            cache = out.cache
+            steps.append(out.logits)
+        runs.append(torch.cat(steps, 1))
+    assert cache.self_attention_cache.layers[0].keys.shape[2] == 12  # the caller's cache kept everything
+    torch.testing.assert_close(runs[1], runs[0], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("mode", [dict(num_beams=1), dict(num_beams=3, num_return_sequences=2),
                                   dict(do_sample=True, top_k=5)])
