@@ -127,6 +127,24 @@ def _one_query(module, query, key, value, attention_mask, seen: torch.Tensor, sc
     return out.transpose(1, 2).contiguous(), weights
 
 
+def _covered(module, query, key, value, attention_mask, scaling: float, dropout: float, **kwargs):
+    """Every query against every key (causally in the decoder), as the pattern is where it covers the input."""
+    query_length, key_length = query.shape[2], key.shape[2]
+    mask = _key_padding(attention_mask, query, key_length)[:, None, None, :]
+    if module.is_causal:
+        mask = mask & torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril(
+            key_length - query_length)
+    mask = mask | _diagonal(query_length, key_length, query.device)  # a query always sees itself
+    out, weights = _softmax_attention(module, query, key, value, mask, scaling, dropout)
+    return out.transpose(1, 2).contiguous(), weights if kwargs.get("output_attentions") else None
+
+
+def _diagonal(query_length: int, key_length: int, device) -> torch.Tensor:
+    """(Tq, Tk): True where a query meets its own key (the queries are the last Tq keys)."""
+    return torch.arange(key_length, device=device) == torch.arange(query_length, device=device)[:, None] + (
+        key_length - query_length)
+
+
 def local_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """Each query against the keys of its window: encoder |i - j| <= w, decoder i - w < j <= i. q (B, H, Tq, D),
     k/v (B, H, Tk, D) with the queries as the last Tq keys (a cache holds the ones before)."""
@@ -136,6 +154,8 @@ def local_attention(module, query, key, value, attention_mask, scaling: float, d
     if module.is_causal and query_length == 1:  # a decoding step: the last `window` keys are its window
         return _one_query(module, query, key, value, attention_mask, torch.arange(max(key_length - window, 0),
                           key_length, device=query.device), scaling, dropout, **kwargs)
+    if window >= key_length:  # the window covers every key: one block, no stretches (short inputs)
+        return _covered(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     left, right = (window - 1, 0) if module.is_causal else (window, window)
     chunk = min(query_length, max(window, _MIN_CHUNK))
     count = math.ceil(query_length / chunk)
