@@ -6,8 +6,11 @@ g2p-paragraph`) decode dev lines longer than any they were trained on, and each 
 
 For each number of words: `--lines` dev lines of exactly that many words (dev words only, every pronunciation kept,
 drawn as the task's dev lines are), decoded greedily one line at a time by each model in turn (models alternate
-line by line, so that a busy machine slows them alike); the word-level WER of the lines (metrics.paragraph_scores),
-the median seconds per line, the source and target tokens, and the peak memory of the process so far.
+line by line, so that a busy machine slows them alike), at most 1.2 new tokens per source token (a line's phonemes
+and boundaries are fewer than its letters and boundaries); the word-level WER of the lines
+(metrics.paragraph_scores), the median seconds per line and per new token, and the peak memory of the process so
+far. The models run without vaswani's fast paths (the lean decoding loop serves full attention only), so that the
+attention is what differs.
 
 This is not library code: nothing in the package imports it, and it is not installed with it.
 """
@@ -29,11 +32,12 @@ from vaswani.training.paragraphs import DEV_SEED, build_lines
 
 
 def decode(model, tokenizer, source: str) -> tuple[str, float, int]:
-    """Greedy decoding of one line: (text, seconds, new tokens), the limit well past the reference's length."""
+    """Greedy decoding of one line: (text, seconds, new tokens)."""
     batch = tokenizer([source], return_tensors="pt")
+    limit = int(1.2 * batch["input_ids"].shape[1])
     start = time.perf_counter()
     with torch.inference_mode():
-        ids = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=2 * batch["input_ids"].shape[1])
+        ids = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=limit, max_length=None)
     seconds = time.perf_counter() - start
     return tokenizer.decode(ids[0], skip_special_tokens=True), seconds, ids.shape[1] - 1
 
@@ -55,6 +59,7 @@ def measure(models: dict, tokenizer, words: int, lines: int) -> dict:
         scores = paragraph_scores(row["predictions"], references)
         result[name] = dict(wer=100 * scores.wer, per=100 * scores.per, seconds_per_line=statistics.median(
             row["seconds"]), new_tokens=statistics.median(row["new_tokens"]), source_tokens=source_tokens,
+            ms_per_token=1000 * sum(row["seconds"]) / sum(row["new_tokens"]),
             peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return result
 
@@ -71,13 +76,14 @@ def main(argv=None) -> dict:
     models, tokenizers = {}, {}
     for folder in args.models:
         models[folder], tokenizers[folder] = load_checkpoint(folder, device="cpu")
-        models[folder].eval()
+        models[folder].eval().set_fast_paths(False)
     results = {}
     for words in args.words:
         results[words] = measure(models, tokenizers, words, args.lines)
         for name, r in results[words].items():
             print(f"{words:>5} words ({r['source_tokens']:.0f} source tokens): {name}: WER {r['wer']:.2f} % PER "
-                  f"{r['per']:.2f} %, {r['seconds_per_line']:.1f} s a line ({r['new_tokens']:.0f} tokens), "
+                  f"{r['per']:.2f} %, {r['seconds_per_line']:.1f} s a line ({r['new_tokens']:.0f} tokens, "
+                  f"{r['ms_per_token']:.1f} ms each), "
                   f"peak {r['peak_rss_mib']:.0f} MiB", flush=True)
     if args.output:
         with open(args.output, "w") as f:
