@@ -156,3 +156,22 @@ def test_quick_run_end_to_end(tmp_path):
     markdown = (tmp_path / "long_inputs_results.md").read_text()
     assert "python benchmarks/long_inputs.py --quick" in markdown and all(p in markdown for p in long_inputs.PATTERNS)
     assert (tmp_path / "long_inputs.png").stat().st_size > 10_000
+
+
+def test_paragraph_lengths_bookkeeping(checkpoint, tmp_path):
+    """benchmarks/paragraph_lengths.py on a tiny checkpoint: every length scored,
+    the limit of 1.2 new tokens per source token kept, the JSON written."""
+    import paragraph_lengths
+
+    threads = torch.get_num_threads()
+    try:
+        results = paragraph_lengths.main([str(checkpoint), str(checkpoint), "--words", "2", "3", "--lines", "2",
+                                          "--output", str(tmp_path / "lengths.json")])
+    finally:
+        torch.set_num_threads(threads)
+    written = json.loads((tmp_path / "lengths.json").read_text())
+    assert written["models"] == [str(checkpoint)] * 2 and sorted(written["results"]) == ["2", "3"]
+    for words, row in results.items():
+        r = row[str(checkpoint)]
+        assert r["new_tokens"] <= int(1.2 * r["source_tokens"]) + 1 and r["seconds_per_line"] > 0
+        assert r["wer"] >= 0 and r["ms_per_token"] > 0
