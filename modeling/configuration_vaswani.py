@@ -48,21 +48,6 @@ PRESETS = {
         dropout=0.0,
         label_smoothing=0.1,
     ),
-    # Paragraph-level G2P (lines of 32-128 words, sources up to ~1,300 tokens): the g2p-small layers, so a word-level
-    # model warm-starts it; max_position_embeddings says the lengths it is meant for (exports size tables from it).
-    "g2p-paragraph": dict(
-        vocab_size=128,
-        d_model=128,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=512,
-        decoder_ffn_dim=512,
-        max_position_embeddings=2048,
-        dropout=0.0,
-        label_smoothing=0.1,
-    ),
     # For tests: runs in milliseconds.
     "tiny": dict(
         vocab_size=100,
@@ -76,6 +61,10 @@ PRESETS = {
         max_position_embeddings=32,
     ),
 }
+
+# Paragraph-level G2P (lines of 32-128 words, sources up to ~1,300 tokens): the g2p-small layers, so a word-level
+# model warm-starts it; max_position_embeddings says the lengths it is meant for (exports size tables from it).
+PRESETS["g2p-paragraph"] = {**PRESETS["g2p-small"], "max_position_embeddings": 2048}
 
 
 @strict
@@ -100,7 +89,7 @@ class VaswaniConfig(PreTrainedConfig):
       positions see all and are seen by all; causal in the decoder) or `"linear"` (phi(x) = elu(x) + 1 feature
       maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is always full.
 
-    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "tiny", **overrides)`.
+    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-paragraph" | "tiny", **overrides)`.
     """
 
     model_type = "vaswani"
