@@ -18,7 +18,7 @@ Each function has the backend contract of modeling_vaswani.py (`fn(module, q, k,
 -> (out (B, T, H, D), weights or None)`) and takes as mask the (B, Tk) padding mask (True = a real key), never an
 n x n one. Under `eager` the softmax is written out; under `sdpa` each chunk goes through torch's
 scaled_dot_product_attention. On a GPU, local attention also runs as flash attention with a window, and local and
-block-sparse attention as flex attention with a block mask (`pattern_mask` builds it). Linear attention has no
+block-sparse attention as flex attention with a block mask (`self_attention_mask` builds it). Linear attention has no
 softmax to hand to a kernel: eager and sdpa run the same formula.
 
 With `output_attentions=True` under eager, the dense (B, H, Tq, Tk) weights of the pattern come back (zero outside
@@ -148,7 +148,7 @@ def _diagonal(query_length: int, key_length: int, device) -> torch.Tensor:
 def local_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """Each query against the keys of its window: encoder |i - j| <= w, decoder i - w < j <= i. q (B, H, Tq, D),
     k/v (B, H, Tk, D) with the queries as the last Tq keys (a cache holds the ones before)."""
-    batch, heads, query_length, _ = query.shape
+    query_length = query.shape[2]
     key_length = key.shape[2]
     window = module.config.attention_window
     if module.is_causal and query_length == 1:  # a decoding step: the last `window` keys are its window
@@ -165,7 +165,8 @@ def local_attention(module, query, key, value, attention_mask, scaling: float, d
     queries = F.pad(query, (0, 0, 0, count * chunk - query_length)).unflatten(2, (count, chunk))
     keys, values = (_key_stretches(x, first, count, chunk, span) for x in (key, value))
     real = _windows(_key_padding(attention_mask, query, key_length), first, count, chunk, span, dim=1)
-    offset = torch.arange(span, device=query.device) - torch.arange(chunk, device=query.device)[:, None]  # key - query + left
+    # key index - query index + left, for each (query, key) of a chunk and its stretch
+    offset = torch.arange(span, device=query.device) - torch.arange(chunk, device=query.device)[:, None]
     band = (offset >= 0) & (offset <= left + right)
     mask = (band & real[:, None, :, None, :]) | (offset == left)  # a query always sees itself: no empty row
 
@@ -187,7 +188,7 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     config = module.config
     block, causal = config.sparse_block_size, module.is_causal
     globals_ = min(config.sparse_global_tokens, key.shape[2])
-    batch, heads, query_length, _ = query.shape
+    query_length = query.shape[2]
     key_length = key.shape[2]
     position = key_length - query_length  # of the first query
     if causal and query_length == 1:  # a decoding step: the globals, the previous block and its own, up to itself
@@ -357,7 +358,7 @@ def _causal_linear(queries, keys, values, start_sums=None, start_normalizer=None
     """Prefix sums chunk by chunk: inside a chunk the (c x c) lower triangle of phi(q) phi(k)^T, across chunks the
     sums of the chunks before (and of the cache). Returns numerator (B, H, T, D), denominator (B, H, T, 1) and the
     sums S, z over everything."""
-    batch, heads, length, dim = queries.shape
+    length = queries.shape[2]
     chunk = min(length, _LINEAR_CHUNK)
     count = math.ceil(length / chunk)
     pad = (0, 0, 0, count * chunk - length)  # padded keys are zero: they add nothing
@@ -372,7 +373,8 @@ def _causal_linear(queries, keys, values, start_sums=None, start_normalizer=None
         before_normalizers = before_normalizers + start_normalizer[:, :, None]
     numerator = torch.matmul(inside, v) + torch.matmul(q, before_sums)
     denominator = inside.sum(-1, keepdim=True) + torch.matmul(q, before_normalizers.unsqueeze(-1))
-    sums, normalizer = before_sums[:, :, -1] + chunk_sums[:, :, -1], before_normalizers[:, :, -1] + chunk_normalizers[:, :, -1]
+    sums = before_sums[:, :, -1] + chunk_sums[:, :, -1]
+    normalizer = before_normalizers[:, :, -1] + chunk_normalizers[:, :, -1]
     unpad = (lambda t: t.flatten(2, 3)[:, :, :length])
     return unpad(numerator), unpad(denominator), sums, normalizer
 
@@ -388,11 +390,6 @@ def _flash_local(module, query, key, value, attention_mask, **kwargs):
                   **kwargs)
 
 
-def _flex(module, query, key, value, attention_mask, **kwargs):
-    """Local and block-sparse attention as flex attention over the pattern's block mask (`pattern_mask`)."""
-    return ALL_ATTENTION_FUNCTIONS["flex_attention"](module, query, key, value, attention_mask, **kwargs)
-
-
 _FUNCTIONS = {"local": local_attention, "block_sparse": block_sparse_attention, "linear": linear_attention}
 
 
@@ -404,8 +401,8 @@ def pattern_attention(pattern: str, implementation: str):
                          f"attn_implementation=...))")
     if implementation.startswith("flash"):
         return _flash_local
-    if implementation == "flex_attention":
-        return _flex
+    if implementation == "flex_attention":  # over the pattern's block mask (`self_attention_mask`)
+        return ALL_ATTENTION_FUNCTIONS["flex_attention"]
     return _FUNCTIONS[pattern]
 
 
@@ -420,17 +417,21 @@ def mask_function(config, pattern: str, causal: bool):
     block, globals_ = config.sparse_block_size, config.sparse_global_tokens
 
     def block_sparse(batch_idx, head_idx, q_idx, kv_idx):
-        near = (q_idx // block - kv_idx // block).abs() <= 1 if torch.is_tensor(q_idx) else abs(
-            q_idx // block - kv_idx // block) <= 1
-        return near | (q_idx < globals_) | (kv_idx < globals_)
+        return (abs(q_idx // block - kv_idx // block) <= 1) | (q_idx < globals_) | (kv_idx < globals_)
 
     return block_sparse
 
 
-def pattern_mask(config, pattern: str, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                 causal: bool, cache: Cache | None = None):
-    """What a stack of `pattern` self-attention passes to its layers: the (B, T) padding mask (None without
-    padding), or under flex attention the pattern's block mask."""
+def self_attention_mask(config, pattern: str, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
+                        causal: bool, cache: Cache | None = None):
+    """What a stack passes its self-attention layers, built once: full attention's masks from transformers (the
+    form each backend wants); for a long-input pattern the (B, T) padding mask (None without padding), never an
+    n x n one, or under flex attention the pattern's block mask."""
+    if pattern == "full" and causal:
+        return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                  cache=cache)
+    if pattern == "full":
+        return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
     if config._attn_implementation == "flex_attention" and pattern in ("local", "block_sparse"):
         overlay = mask_function(config, pattern, causal)
         if causal:
@@ -438,7 +439,7 @@ def pattern_mask(config, pattern: str, inputs_embeds: torch.Tensor, attention_ma
                                       cache=cache, and_mask_function=overlay)
         return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                                          and_mask_function=overlay)
-    if attention_mask is None or not torch.is_tensor(attention_mask):
+    if not torch.is_tensor(attention_mask):
         return attention_mask
     if attention_mask.dim() != 2:
         raise ValueError(f"{pattern!r} attention takes the (batch, length) padding mask, not a "
@@ -464,10 +465,14 @@ class PatternCache(DynamicCache):
         Cache.__init__(self, layers=layers)
 
 
-def self_attention_cache(config) -> Cache:
+def self_attention_cache(config, cache_implementation: str | None = None) -> Cache:
     """The decoder's self-attention cache for its pattern: a rolling window (local), running sums (linear), or
-    every key (full, block-sparse)."""
+    every key (full, block-sparse). A static cache (`cache_implementation`) holds full attention's keys only."""
     pattern = config.decoder_attention_pattern
+    if pattern != "full" and cache_implementation not in (None, "dynamic"):
+        raise ValueError(f"cache_implementation={cache_implementation!r} holds full attention's keys; "
+                         f"decoder_attention_pattern={pattern!r} keeps a cache of its own: leave cache_implementation "
+                         f"unset")
     if pattern == "local":
         return PatternCache([RollingWindowLayer(sliding_window=config.attention_window)
                              for _ in range(config.decoder_layers)])
@@ -487,6 +492,6 @@ __all__ = [
     "local_attention",
     "mask_function",
     "pattern_attention",
-    "pattern_mask",
     "self_attention_cache",
+    "self_attention_mask",
 ]

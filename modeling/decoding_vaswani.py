@@ -48,8 +48,8 @@ def lean_blocker(model, input_ids, generation_config, synced_gpus=False, streame
             return "low_memory"
     if model.training or torch.is_grad_enabled():
         return "the model is in training mode or gradients are enabled"
-    if model.config.decoder_attention_pattern != "full":
-        return f"decoder_attention_pattern={model.config.decoder_attention_pattern!r} (the lean loop computes full attention)"
+    if model.config.decoder_attention_pattern != "full":  # the lean loop computes full attention
+        return f"decoder_attention_pattern={model.config.decoder_attention_pattern!r}"
     if model.config._attn_implementation not in ("eager", "sdpa"):
         return f"attn_implementation={model.config._attn_implementation!r} (the lean loop computes full attention)"
     if synced_gpus or streamer is not None:

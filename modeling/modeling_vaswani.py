@@ -31,10 +31,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .attention_patterns_vaswani import pattern_attention, pattern_mask, self_attention_cache
+from .attention_patterns_vaswani import pattern_attention, self_attention_cache, self_attention_mask
 from .configuration_vaswani import VaswaniConfig
 from .positions_vaswani import SinusoidalPositions
-
 
 
 class _ReferenceOnly:
@@ -115,8 +114,7 @@ def _attend_somewhere(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
 
 class VaswaniAttention(nn.Module):
     """Multi-head attention. One class serves encoder self-, decoder self- and cross-attention: the caller passes
-    `key_value_states` (the encoder output) for cross-attention. `pattern` is "full" (the paper) or a long-input
-    pattern of attention_patterns_vaswani.py (local, block-sparse, linear), which replaces the backend function."""
+    `key_value_states` (the encoder output) for cross-attention. A long-input `pattern` replaces the backend."""
 
     def __init__(self, config: VaswaniConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None,
                  pattern: str = "full"):
@@ -171,11 +169,9 @@ class VaswaniAttention(nn.Module):
             kwargs = {**kwargs, **varlen_kwargs}
             attention_mask = None
 
-        if self.pattern == "full":
-            attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        else:
-            attend = pattern_attention(self.pattern, implementation)
-            kwargs = {**kwargs, "linear_state": layer_cache} if self.pattern == "linear" else kwargs
+        attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if self.pattern != "full":  # a long-input pattern's own function (linear attention reads its sums in the cache)
+            attend, kwargs = pattern_attention(self.pattern, implementation), {**kwargs, "linear_state": layer_cache}
         dropout = self.config.attention_dropout if self.training else 0.0
         out, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout, **kwargs)
         return self.o_proj(out.reshape(*out.shape[:2], -1)), weights
@@ -367,13 +363,8 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         positions = self.embed_positions.range(0, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device)
         hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
 
-        pattern = self.config.encoder_attention_pattern
-        if pattern == "full":
-            attention_mask = create_bidirectional_mask(
-                config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(attention_mask))
-        else:  # long-input patterns take the padding mask, never an n x n one
-            attention_mask = pattern_mask(self.config, pattern, inputs_embeds, _attend_somewhere(attention_mask),
-                                          causal=False)
+        attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, inputs_embeds,
+                                             _attend_somewhere(attention_mask), causal=False)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         if self.layer_norm is not None:
@@ -430,12 +421,8 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
 
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        if self.config.decoder_attention_pattern == "full":
-            causal_mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds,
-                                             attention_mask=_attend_somewhere(attention_mask), cache=self_cache)
-        else:  # long-input patterns take the padding mask (past and new tokens) and are causal by themselves
-            causal_mask = pattern_mask(self.config, self.config.decoder_attention_pattern, inputs_embeds,
-                                       _attend_somewhere(attention_mask), causal=True, cache=self_cache)
+        causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, inputs_embeds,
+                                          _attend_somewhere(attention_mask), causal=True, cache=self_cache)
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(encoder_attention_mask),
             encoder_hidden_states=encoder_hidden_states)
@@ -564,17 +551,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return cache
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """transformers' cache, with the decoder's self-attention part made for its pattern (a rolling window for
-        local attention, running sums for linear attention)."""
+        """transformers' cache, its self-attention part made for the decoder's long-input pattern, if it has one."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         cache, pattern = model_kwargs.get("cache"), self.config.decoder_attention_pattern
-        if pattern == "full" or not isinstance(cache, EncoderDecoderCache) or getattr(cache, "_is_user_defined", 0):
-            return
-        if generation_config.cache_implementation not in (None, "dynamic"):
-            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} holds full "
-                             f"attention's keys; decoder_attention_pattern={pattern!r} keeps a cache of its own: "
-                             f"leave cache_implementation unset")
-        model_kwargs["cache"] = EncoderDecoderCache(self_attention_cache(self.config), cache.cross_attention_cache)
+        if pattern != "full" and isinstance(cache, EncoderDecoderCache) and not hasattr(cache, "_is_user_defined"):
+            self_cache = self_attention_cache(self.config, generation_config.cache_implementation)
+            model_kwargs["cache"] = EncoderDecoderCache(self_cache, cache.cross_attention_cache)
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                 streamer=None, **model_kwargs):

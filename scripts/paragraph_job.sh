@@ -2,8 +2,8 @@
 # The long-input task: paragraph-level G2P (lines of 32-128 CMUdict words), warm-started from a word-level G2P model
 # (the main job's outputs/g2p) and trained in three stages of growing line length, each starting from the last:
 # lines of 2-8 words (STAGE1, default 5m), 8-32 words (STAGE2, 5m), then 32-128 words (STAGE3, 12m). From the word
-# model straight to 32-128-word lines, the loss stalls where a model ignores the source (about 2.9 here, 20 minutes);
-# short lines first teach it to move along the source.
+# model straight to 32-128-word lines, the loss stalls where a model ignores the source (docs/long_inputs.md); short
+# lines first teach it to move along the source.
 #   bash scripts/paragraph_job.sh outputs/g2p outputs/paragraph-full
 #   bash scripts/paragraph_job.sh outputs/g2p outputs/paragraph-local \
 #       encoder_attention_pattern=local,decoder_attention_pattern=local,attention_window=64
