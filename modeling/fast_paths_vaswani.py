@@ -5,25 +5,29 @@ result. Each is named here, switched here and decided here:
 
 - `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
   buffer and runs the decoder on frozen weights (decoding_vaswani.py).
+- `onednn_linear`: the linear layers' GEMMs, forward and backward, on oneDNN instead of MKL, on the CPUs where
+  oneDNN's are faster (onednn_vaswani.py). It enters at the `@fast.kernels` of the models' forwards (and around the
+  decoding loop); every module's forward still runs.
 
 Each path earns its place in docs/performance.md, measured against the same model with it off; paths that did not
-(the oneDNN feed-forward, padding-free layers, a custom dropout mask, ...) were removed.
+(padding-free layers, a custom dropout mask, fused q/k/v projections, ...) were removed.
 
 The switch: `fast_paths=` at load (True, False or {name: bool}), `model.set_fast_paths(...)` at run time, and the
 environment variable VASWANI_FAST_PATHS (`1`/`all`, `0`/`none`, or a comma-separated list of the names to enable)
 for the default of models created afterwards.
 
 The rule (`applies`), for every path: the path is switched on; the tensors it reads are on the CPU in a dtype it
-serves (float32; float64 too for the decoding loop), with no tensor subclass, outside autocast and outside
-`torch.compile`; and the module contract holds: every module whose call the path replaces is exactly the plain layer
+serves (float32; float64 too for the decoding loop), with no tensor subclass, outside autocast, `torch.compile` and
+tracing; and the module contract holds: every module whose call the path replaces is exactly the plain layer
 (the model's own class or torch's, not a subclass or a wrapper such as a PEFT LoRA layer), with no hooks (its own or
 global) and plain parameters. Otherwise the path steps aside and the modules' own forwards run. Each path adds its
 own conditions: for the decoding loop, `decoding_vaswani.lean_blocker` (eval mode, no gradients, eager or SDPA, a
-fresh cache, tokens only).
+fresh cache, tokens only); for the oneDNN linear layers, a CPU where they are faster (`faster_here`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -31,8 +35,9 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 
 from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
+from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active
 
-FAST_PATHS = ("lean_decoding",)
+FAST_PATHS = ("lean_decoding", "onednn_linear")
 ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
 
 # The torch and transformers classes the model is built of; with the model's own classes (recognised by their
@@ -76,14 +81,15 @@ def resolve(value: bool | dict | None = None, current: dict | None = None) -> di
 
 
 # The dtypes each path serves (the decoding loop's roundings are the model's in float32 and float64).
-_DTYPES = {"lean_decoding": (torch.float32, torch.float64)}
+_DTYPES = {"lean_decoding": (torch.float32, torch.float64), "onednn_linear": (torch.float32,)}
 
 
 def _plain_tensors(tensors, dtypes) -> bool:
     return (all(t.device.type == "cpu" and t.dtype in dtypes and t.layout == torch.strided for t in tensors)
             and not torch.overrides.has_torch_function(tensors)
             and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing())
 
 
 def _plain_module(module: nn.Module, dtypes) -> bool:
@@ -122,16 +128,35 @@ class _FastPaths:
         dtypes = _DTYPES[name]
         if not module.config._fast_paths.get(name, False) or not _plain_tensors(tensors, dtypes):
             return False
-        return contract_holds(module, dtypes=dtypes) and lean_blocker(module, **context) is None
+        if name == "onednn_linear" and not faster_here():
+            return False
+        if not contract_holds(module, dtypes=dtypes):
+            return False
+        return name != "lean_decoding" or lean_blocker(module, **context) is None
+
+    @staticmethod
+    def kernels(forward):
+        """Decorates a model's forward: it runs with the linear layers on oneDNN where `onednn_linear` applies (the
+        outermost decorated forward decides; the stacks it calls run inside its decision)."""
+
+        @functools.wraps(forward)
+        def run(module, *args, **kwargs):
+            if mode_active() or not fast.applies("onednn_linear", module):
+                return forward(module, *args, **kwargs)
+            with OneDNNLinearMode():
+                return forward(module, *args, **kwargs)
+
+        return run
 
     @staticmethod
     def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        return lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
+        return fast.kernels(lean_sample)(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                         **model_kwargs)
 
     @staticmethod
     def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        return lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                **model_kwargs)
+        return fast.kernels(lean_beam_search)(model, input_ids, logits_processor, stopping_criteria,
+                                              generation_config, **model_kwargs)
 
 
 fast = _FastPaths()

@@ -4,8 +4,8 @@ Read top to bottom: attention (projections -> a backend from transformers' regis
 position-wise feed-forward, the encoder and decoder layers (residual connection and layer norm around each sub-layer),
 the two stacks with their embeddings and sinusoidal positions, the two models, and the generation glue.
 
-This file is the reference. The CPU fast paths of fast_paths_vaswani.py enter at two visible lines (greedy
-search/sampling and beam search), each only where it gives this file's result.
+This file is the reference. The CPU fast paths of fast_paths_vaswani.py enter at visible lines (`@fast.kernels` on
+the forwards, greedy search/sampling and beam search), each only where it gives this file's result.
 """
 
 from collections.abc import Callable
@@ -41,7 +41,7 @@ class _ReferenceOnly:
 
     def __init__(self, error: Exception):
         self.error = error  # why, for whoever asks
-        self.applies, self.resolve = (lambda *args, **kwargs: False), (lambda *args: {})
+        self.applies, self.resolve, self.kernels = (lambda *args, **kwargs: False), (lambda *args: {}), (lambda f: f)
 
 
 try:  # a checkpoint must load even where its fast-path files cannot be imported (another torch, a missing kernel)
@@ -345,6 +345,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.post_init()
 
+    @fast.kernels
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -391,6 +392,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.post_init()
 
+    @fast.kernels
     @merge_with_config_defaults
     @capture_outputs
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -438,10 +440,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
     """Encoder + decoder over one token embedding shared by source and target (the paper's shared vocabulary).
     Returns the decoder's hidden states."""
 
-    _tied_weights_keys = {
-        "encoder.embed_tokens.weight": "shared.weight",
-        "decoder.embed_tokens.weight": "shared.weight",
-    }
+    _tied_weights_keys = {f"{stack}.embed_tokens.weight": "shared.weight" for stack in ("encoder", "decoder")}
 
     def __init__(self, config: VaswaniConfig, fast_paths: bool | dict | None = None):
         super().__init__(config)
@@ -597,6 +596,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
 
+    @fast.kernels
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(

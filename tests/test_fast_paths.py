@@ -11,7 +11,7 @@ import torch
 from helpers import make_model, padded_batch
 from torch import nn
 
-from vaswani import VaswaniForConditionalGeneration, fast_paths_vaswani
+from vaswani import VaswaniForConditionalGeneration, fast_paths_vaswani, onednn_vaswani
 from vaswani.fast_paths_vaswani import FAST_PATHS, fast
 
 peft = pytest.importorskip("peft")
@@ -27,6 +27,7 @@ class Ran:
         self._patches = [
             self._spy("lean_decoding", fast_paths_vaswani, "lean_sample"),
             self._spy("lean_decoding", fast_paths_vaswani, "lean_beam_search"),
+            self._spy("onednn_linear", onednn_vaswani, "onednn_linear"),
         ]
 
     def _spy(self, name, module, attribute):
@@ -48,6 +49,13 @@ class Ran:
             patch.stop()
 
 
+@pytest.fixture
+def onednn_here(monkeypatch):
+    """The oneDNN linear layers apply on this CPU whatever it is (they are faster only on some: see
+    onednn_vaswani.faster_here), so that every machine runs the path the tests check."""
+    monkeypatch.setattr(fast_paths_vaswani, "faster_here", lambda: True)
+
+
 def generate(model, batch, **kwargs):
     with torch.no_grad():
         return model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -59,26 +67,27 @@ def generate(model, batch, **kwargs):
 
 def test_switch_at_load_at_run_time_and_by_environment(tiny_config, tmp_path, monkeypatch):
     model = VaswaniForConditionalGeneration(tiny_config)
-    assert FAST_PATHS == ("lean_decoding",)
-    assert model.fast_paths == {"lean_decoding": True}
+    assert FAST_PATHS == ("lean_decoding", "onednn_linear")
+    on, off = dict.fromkeys(FAST_PATHS, True), dict.fromkeys(FAST_PATHS, False)
+    assert model.fast_paths == on
     model.set_fast_paths({"lean_decoding": False})
-    assert model.fast_paths == {"lean_decoding": False}
+    assert model.fast_paths == {"lean_decoding": False, "onednn_linear": True}
     model.set_fast_paths(True)
-    assert model.fast_paths == {"lean_decoding": True}
+    assert model.fast_paths == on
     model.set_fast_paths(False)
     model.save_pretrained(tmp_path)
     assert "_fast_paths" not in json.loads((tmp_path / "config.json").read_text())
     loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path)
-    assert loaded.fast_paths == {"lean_decoding": True}  # not saved: the default again
-    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path, fast_paths={"lean_decoding": False})
-    assert loaded.fast_paths == {"lean_decoding": False}
+    assert loaded.fast_paths == on  # not saved: the default again
+    loaded = VaswaniForConditionalGeneration.from_pretrained(tmp_path, fast_paths={"onednn_linear": False})
+    assert loaded.fast_paths == {"lean_decoding": True, "onednn_linear": False}
     assert all(m.config is loaded.config for m in (loaded.model.encoder, loaded.model.decoder))
     monkeypatch.setenv("VASWANI_FAST_PATHS", "0")
-    assert not any(VaswaniForConditionalGeneration.from_pretrained(tmp_path).fast_paths.values())
-    monkeypatch.setenv("VASWANI_FAST_PATHS", "lean_decoding")
-    assert VaswaniForConditionalGeneration(tiny_config).fast_paths == {"lean_decoding": True}
+    assert VaswaniForConditionalGeneration.from_pretrained(tmp_path).fast_paths == off
+    monkeypatch.setenv("VASWANI_FAST_PATHS", "onednn_linear")
+    assert VaswaniForConditionalGeneration(tiny_config).fast_paths == {"lean_decoding": False, "onednn_linear": True}
     monkeypatch.setenv("VASWANI_FAST_PATHS", "none")
-    assert VaswaniForConditionalGeneration(tiny_config, fast_paths=True).fast_paths == {"lean_decoding": True}
+    assert VaswaniForConditionalGeneration(tiny_config, fast_paths=True).fast_paths == on
 
 
 def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
@@ -88,7 +97,7 @@ def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
     with pytest.raises(TypeError, match="True, False or a dict"):
         model.set_fast_paths("off")
     monkeypatch.setenv("VASWANI_FAST_PATHS", "onednn")
-    with pytest.raises(ValueError, match="VASWANI_FAST_PATHS='onednn'.*unknown"):
+    with pytest.raises(ValueError, match="VASWANI_FAST_PATHS='onednn'.*unknown.*onednn_linear"):
         VaswaniForConditionalGeneration(tiny_config)
 
 
@@ -118,6 +127,46 @@ def test_lean_decoding_rule(tiny_config):
         assert calls["lean_decoding"] == 2
 
 
+LINEAR_CALLS = 2 * 6 + 2 * 10 + 1  # 2 encoder layers (q, k, v, o, fc1, fc2), 2 decoder layers, the LM head
+
+
+def test_onednn_linear_rule(tiny_config, onednn_here, monkeypatch):
+    """Every linear layer of a training step runs on oneDNN where the rule holds, none where it does not."""
+    model = make_model(tiny_config).train()
+    batch = padded_batch(0)
+
+    def linear_calls(model=model, **kwargs):
+        with Ran() as calls:
+            loss = model(**batch, **kwargs).loss
+            if loss.requires_grad:
+                loss.backward()
+        return calls["onednn_linear"]
+
+    assert linear_calls() == LINEAR_CALLS
+    with torch.no_grad():
+        assert linear_calls(model.eval(), use_cache=False) == LINEAR_CALLS  # eval, no graph: the same
+    model.train()
+    with Ran() as calls:
+        generate(model.eval(), batch)
+    assert calls["lean_decoding"] == 1 and calls["onednn_linear"] > LINEAR_CALLS  # the encoder and the lean loop
+    model.train().set_fast_paths({"onednn_linear": False})
+    assert linear_calls() == 0
+    model.set_fast_paths(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert linear_calls() == 0  # autocast: the reference
+    handle = model.model.decoder.layers[1].ffn.fc2.register_forward_hook(lambda *args: None)
+    assert linear_calls() == 2 * 6  # a hook in the decoder: only the encoder stack, which holds none, runs it
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        assert linear_calls() == 0  # a global hook
+    finally:
+        handle.remove()
+    assert linear_calls(make_model(tiny_config).double()) == 0  # float64: MKL's
+    monkeypatch.setattr(fast_paths_vaswani, "faster_here", lambda: False)
+    assert linear_calls() == 0  # a CPU where oneDNN is no faster
+
+
 def test_unknown_path_name_in_the_rule_is_an_error(tiny_config):
     with pytest.raises(ValueError, match="unknown fast path"):
         fast.applies("packing", make_model(tiny_config))
@@ -134,7 +183,7 @@ def lora_model(config, seed=0):
     return peft.get_peft_model(base, lora)
 
 
-def test_lora_adapters_on_every_linear_layer_get_gradients_and_change_the_outputs(tiny_config):
+def test_lora_adapters_on_every_linear_layer_get_gradients_and_change_the_outputs(tiny_config, onednn_here):
     batch = padded_batch(1)
     reference = make_model(tiny_config).train()
     with torch.no_grad():
@@ -150,7 +199,7 @@ def test_lora_adapters_on_every_linear_layer_get_gradients_and_change_the_output
     assert not torch.allclose(out.logits, base_logits, atol=1e-3)
 
 
-def test_unmerged_adapter_equals_the_merged_model(tiny_config):
+def test_unmerged_adapter_equals_the_merged_model(tiny_config, onednn_here):
     batch = padded_batch(2, batch=5)
     model = lora_model(tiny_config, seed=1).eval()
     with torch.no_grad():
@@ -161,14 +210,14 @@ def test_unmerged_adapter_equals_the_merged_model(tiny_config):
         with torch.no_grad():
             merged_logits = merged(**batch).logits
         merged_greedy, merged_beam = generate(merged, batch), generate(merged, batch, num_beams=3)
-    assert calls["lean_decoding"] == 2  # the merged model is plain again: the fast paths run
+    assert calls["lean_decoding"] == 2 and calls["onednn_linear"] > 0  # the merged model is plain: the fast paths run
     assert torch.allclose(logits, merged_logits, rtol=0, atol=1e-5)
     assert torch.equal(greedy, merged_greedy)
     assert torch.equal(beam, merged_beam)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval", "greedy", "beam"])
-def test_forward_hooks_on_every_linear_layer_fire(tiny_config, mode):
+def test_forward_hooks_on_every_linear_layer_fire(tiny_config, mode, onednn_here):
     model = make_model(tiny_config)
     fired = set()
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -196,7 +245,7 @@ class Doubled(nn.Module):
 
 
 @pytest.mark.parametrize("name", ["v_proj", "fc1"])
-def test_a_replaced_projection_is_the_one_that_runs(tiny_config, name):
+def test_a_replaced_projection_is_the_one_that_runs(tiny_config, name, onednn_here):
     batch = padded_batch(4)
     model, reference = make_model(tiny_config), make_model(copy.deepcopy(tiny_config))  # the switch is per config
     for layer, plain in zip(model.model.decoder.layers, reference.model.decoder.layers):
@@ -219,7 +268,7 @@ def test_a_replaced_projection_is_the_one_that_runs(tiny_config, name):
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_the_whole_model_with_fast_paths_on_equals_it_with_them_off(tiny_config, normalize_before):
+def test_the_whole_model_with_fast_paths_on_equals_it_with_them_off(tiny_config, normalize_before, onednn_here):
     """Forward, every gradient, greedy and beam generate, on padded batches: within float32 rounding, the same
     tokens. The fast paths must really have run in the first pass."""
     tiny_config.normalize_before = normalize_before
@@ -239,7 +288,7 @@ def test_the_whole_model_with_fast_paths_on_equals_it_with_them_off(tiny_config,
 
     with Ran() as calls:
         fast_run = run()
-    assert calls["lean_decoding"] == 2
+    assert calls["lean_decoding"] == 2 and calls["onednn_linear"] > 2 * LINEAR_CALLS
     model.set_fast_paths(False)
     with Ran() as calls:
         plain_run = run()

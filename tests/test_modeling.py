@@ -424,7 +424,7 @@ def test_save_load_round_trip_exact(tiny_config, tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json"} <= names
     assert {"configuration_vaswani.py", "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py",
-            "decoding_vaswani.py", "attention_patterns_vaswani.py"} <= names
+            "decoding_vaswani.py", "onednn_vaswani.py", "attention_patterns_vaswani.py"} <= names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(loaded) is VaswaniForConditionalGeneration
