@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -99,7 +100,7 @@ class _LeanLayer:
     attend to them together, as `group` queries of one attention row (a source's keys are read once per step, not
     once per beam)."""
 
-    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int):
+    def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int, linear: Callable = F.linear):
         attention, cross, ffn = layer.self_attn, layer.encoder_attn, layer.ffn
         self.normalize_before = layer.normalize_before
         self.norms = [_layer_norm(norm) for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
@@ -109,16 +110,16 @@ class _LeanLayer:
         query_scale = self.scaling if math.frexp(self.scaling)[0] == 0.5 else 1.0
         self.scaling /= query_scale
         self.qkv = _frozen(attention.q_proj, attention.k_proj, attention.v_proj, query_scale=query_scale,
-                           heads=self.heads)
-        self.self_out = _frozen(attention.o_proj)
-        self.cross_query = _frozen(cross.q_proj, query_scale=query_scale)
-        self.cross_out = _frozen(cross.o_proj)
+                           heads=self.heads, linear=linear)
+        self.self_out = _frozen(attention.o_proj, linear=linear)
+        self.cross_query = _frozen(cross.q_proj, query_scale=query_scale, linear=linear)
+        self.cross_out = _frozen(cross.o_proj, linear=linear)
         relu = type(ffn.activation) is torch.nn.ReLU  # then fused into fc1
-        self.fc1, self.fc2 = _frozen(ffn.fc1, relu=relu), _frozen(ffn.fc2)
+        self.fc1, self.fc2 = _frozen(ffn.fc1, relu=relu, linear=linear), _frozen(ffn.fc2, linear=linear)
         self.activation = None if relu else ffn.activation
         self.cache = sources.new_empty(rows, self.heads, 2, capacity, self.head_dim)  # keys, values
         n, length = sources.shape[:2]
-        keys, values = (F.linear(sources, p.weight, p.bias) for p in (cross.k_proj, cross.v_proj))
+        keys, values = (linear(sources, p.weight, p.bias) for p in (cross.k_proj, cross.v_proj))
         self.cross_keys, self.cross_values = (
             x.view(n, length, self.heads, self.head_dim).transpose(1, 2).reshape(n * self.heads, length, -1)
             for x in (keys, values)
@@ -184,13 +185,15 @@ def _layer_norm(norm: torch.nn.LayerNorm):
 
 
 class _FrozenLinear:
-    """A linear layer's weight and bias, as prepared for one `generate` call; `relu`: a ReLU follows, in place."""
+    """A linear layer's weight and bias, as prepared for one `generate` call; `relu`: a ReLU follows, in place;
+    `linear`: the function that multiplies (F.linear, or the oneDNN fast path's)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
-        self.weight, self.bias, self.relu = weight, bias, relu
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False,
+                 linear: Callable = F.linear):
+        self.weight, self.bias, self.relu, self.linear = weight, bias, relu, linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        out = self.linear(x, self.weight, self.bias)
         return out.relu_() if self.relu else out
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -198,14 +201,15 @@ class _FrozenLinear:
         return self(x).add_(other)
 
 
-def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0) -> _FrozenLinear:
+def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0,
+            linear: Callable = F.linear) -> _FrozenLinear:
     """`projections` (nn.Linear modules of one input) as one frozen linear layer, the first one's outputs multiplied
     by `query_scale` (a power of two: exact). `heads` > 0: the output features run head by head, (heads,
     len(projections), D), instead of projection by projection (a permutation of the weight's rows: every output is the
     same dot product). Kept on the first module between `generate` calls and rebuilt when a parameter changes (an
     in-place update bumps its version counter)."""
     parameters = [p for projection in projections for p in (projection.weight, projection.bias) if p is not None]
-    key = (relu, query_scale, heads, *((p.data_ptr(), p._version) for p in parameters))
+    key = (relu, query_scale, heads, linear, *((p.data_ptr(), p._version) for p in parameters))
     cached = projections[0].__dict__.get("_frozen_linear")
     if cached is None or cached[0] != key:
         with torch.no_grad():
@@ -218,7 +222,7 @@ def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: i
             if heads:
                 weight = weight.view(len(projections), heads, -1, weight.shape[-1]).transpose(0, 1).reshape_as(weight)
                 bias = bias.view(len(projections), heads, -1).transpose(0, 1).reshape_as(bias)
-            cached = (key, _FrozenLinear(weight.contiguous(), bias, relu=relu))
+            cached = (key, _FrozenLinear(weight.contiguous(), bias, relu=relu, linear=linear))
         projections[0].__dict__["_frozen_linear"] = cached  # a plain attribute: never saved, loaded or moved
     return cached[1]
 
@@ -240,13 +244,14 @@ def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype
 class _LeanDecoder:
     """The decoder and the LM head prepared for one `generate` call (see `_LeanLayer`)."""
 
-    def __init__(self, model, sources: torch.Tensor, source_mask: torch.Tensor | None, rows: int, capacity: int):
+    def __init__(self, model, sources: torch.Tensor, source_mask: torch.Tensor | None, rows: int, capacity: int,
+                 linear: Callable = F.linear):
         decoder = model.model.decoder
         self.embed_tokens, self.embed_scale = decoder.embed_tokens, decoder.embed_scale
         self.positions = decoder.embed_positions
-        self.layers = [_LeanLayer(layer, sources, rows, capacity) for layer in decoder.layers]
+        self.layers = [_LeanLayer(layer, sources, rows, capacity, linear) for layer in decoder.layers]
         self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
-        self.lm_head = _frozen(model.lm_head)
+        self.lm_head = _frozen(model.lm_head, linear=linear)
         bias = model.final_logits_bias
         self.logits_bias = None if bias is None else bias.to(model.lm_head.weight.dtype)
         heads = decoder.layers[0].encoder_attn.num_heads if decoder.layers else 1
@@ -271,7 +276,7 @@ def _repeats(x: torch.Tensor, group: int) -> bool:
     return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
 
 
-def _start(model, generation_config, model_kwargs, group: int = 1) -> _LeanDecoder:
+def _start(model, generation_config, model_kwargs, group: int = 1, linear: Callable = F.linear) -> _LeanDecoder:
     """The decoder prepared for this call (cross-attention keys/values projected once, the source mask built once).
     `group`: beam search's rows repeat each source `group` times in a row (generate's expansion); checked, then each
     source is used once."""
@@ -282,7 +287,7 @@ def _start(model, generation_config, model_kwargs, group: int = 1) -> _LeanDecod
         states = states[::group].contiguous()  # a strided view would make the projection a bmm
         mask = None if mask is None else mask[::group]  # the cross-attention's rows are the sources
     capacity = max(1, generation_config.max_length - 1)  # generate has set max_length; the buffers grow past it
-    return _LeanDecoder(model, states, mask, rows, capacity)
+    return _LeanDecoder(model, states, mask, rows, capacity, linear)
 
 
 def _processors(logits_processor):
@@ -336,11 +341,13 @@ class _MinLengthInPlace:
         return scores
 
 
-def lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+def lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, linear=F.linear,
+                **model_kwargs):
     """Greedy search or sampling from the decoder start token, as `GenerationMixin._sample` returns it when
-    `return_dict_in_generate` is off: the sequences (B, T), start token included."""
+    `return_dict_in_generate` is off: the sequences (B, T), start token included. `linear` multiplies the frozen
+    weights (F.linear, or the oneDNN fast path's)."""
     logits_processor = _processors(logits_processor)
-    decoder = _start(model, generation_config, model_kwargs)
+    decoder = _start(model, generation_config, model_kwargs, linear=linear)
     pad_token_id = generation_config._pad_token_tensor
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
@@ -383,7 +390,8 @@ def _initial_beams(model, input_ids, pad_token_id, eos_token_id, batch_size: int
             running_beam_indices.detach().clone())
 
 
-def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, linear=F.linear,
+                     **model_kwargs):
     """Beam search (or beam sampling) from the decoder start token, as `GenerationMixin._beam_search` returns it when
     `return_dict_in_generate` is off: the best `num_return_sequences` sequences per input, start token included.
 
@@ -411,7 +419,7 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
      is_early_stop_heuristic_unsatisfied, running_beam_indices, beam_indices) = _initial_beams(
         model, input_ids, pad_token_id, eos_token_id, batch_size, num_beams, max_length)
 
-    decoder = _start(model, generation_config, model_kwargs, group=num_beams)
+    decoder = _start(model, generation_config, model_kwargs, group=num_beams, linear=linear)
     identity = torch.arange(batch_size * num_beams, device=device)
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])

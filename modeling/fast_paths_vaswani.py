@@ -6,8 +6,8 @@ result. Each is named here, switched here and decided here:
 - `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
   buffer and runs the decoder on frozen weights (decoding_vaswani.py).
 - `onednn_linear`: the linear layers' GEMMs, forward and backward, on oneDNN instead of MKL, on the CPUs where
-  oneDNN's are faster (onednn_vaswani.py). It enters at the `@fast.kernels` of the models' forwards (and around the
-  decoding loop); every module's forward still runs.
+  oneDNN's are faster (onednn_vaswani.py). It enters at the `@fast.kernels` of the models' forwards (and the
+  decoding loops multiply with it); every module's forward still runs.
 
 Each path earns its place in docs/performance.md, measured against the same model with it off; paths that did not
 (padding-free layers, a custom dropout mask, fused q/k/v projections, ...) were removed.
@@ -31,11 +31,12 @@ import functools
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_globals
 
 from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
-from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active
+from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active, onednn_linear_without_grad
 
 FAST_PATHS = ("lean_decoding", "onednn_linear")
 ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
@@ -149,14 +150,20 @@ class _FastPaths:
         return run
 
     @staticmethod
+    def _decoding_linear(model):
+        """What multiplies in the decoding loops: oneDNN where `onednn_linear` applies (called directly: a function
+        mode around the loop would cost a Python call on every operation of every step), else F.linear."""
+        return onednn_linear_without_grad if fast.applies("onednn_linear", model) else F.linear
+
+    @staticmethod
     def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        return fast.kernels(lean_sample)(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                         **model_kwargs)
+        return lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           linear=fast._decoding_linear(model), **model_kwargs)
 
     @staticmethod
     def beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        return fast.kernels(lean_beam_search)(model, input_ids, logits_processor, stopping_criteria,
-                                              generation_config, **model_kwargs)
+        return lean_beam_search(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                linear=fast._decoding_linear(model), **model_kwargs)
 
 
 fast = _FastPaths()

@@ -54,6 +54,12 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def onednn_linear_without_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x (..., k) on oneDNN, outside autograd (for the decoding loops, which run without
+    gradients and call it directly, not through the function mode)."""
+    return _inner_product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 def _servable(x, weight, bias=None) -> bool:
     """float32 dense CPU tensors of plain types, a 2D weight, a non-empty input (anything else keeps F.linear)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
