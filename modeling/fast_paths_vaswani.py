@@ -137,8 +137,9 @@ class _FastPaths:
 
     @staticmethod
     def kernels(forward):
-        """Decorates a model's forward: it runs with the linear layers on oneDNN where `onednn_linear` applies (the
-        outermost decorated forward decides; the stacks it calls run inside its decision)."""
+        """Decorates a model's forward: it runs with the linear layers on oneDNN where `onednn_linear` applies to the
+        module. A forward called inside another's mode runs in it; otherwise each decides for its own modules (a hook
+        in the decoder leaves the encoder stack on oneDNN)."""
 
         @functools.wraps(forward)
         def run(module, *args, **kwargs):
