@@ -73,7 +73,7 @@ def test_end_to_end_output_folder(trained):
     files = {p.name for p in out.iterdir()}
     for name in ("config.json", "generation_config.json", "model.safetensors", "configuration_vaswani.py",
                  "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py", "decoding_vaswani.py",
-                 "attention_patterns_vaswani.py", "tokenization_vaswani.py",
+                 "onednn_vaswani.py", "attention_patterns_vaswani.py", "tokenization_vaswani.py",
                  "spm.model", "tokenizer_config.json", "README.md", "metrics.json", "train_log.jsonl", "runs", "checkpoints"):
         assert name in files, (name, files)
     assert list((out / "runs").glob("events.out.tfevents.*"))
@@ -190,7 +190,7 @@ def test_push_sends_exactly_the_model_files(trained, monkeypatch):
     expected = ["README.md", "attention_patterns_vaswani.py", "config.json", "configuration_vaswani.py",
                 "decoding_vaswani.py",
                 "fast_paths_vaswani.py", "generation_config.json", "metrics.json",
-                "model.safetensors", "modeling_vaswani.py", "positions_vaswani.py", "spm.model",
+                "model.safetensors", "modeling_vaswani.py", "onednn_vaswani.py", "positions_vaswani.py", "spm.model",
                 "tokenization_vaswani.py", "tokenizer_config.json"]
     assert sent["paths"] == expected == hub_files(out)
     assert attempts == []
