@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.modules import module as _module_globals
 
 from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
-from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active, onednn_linear_without_grad
+from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active, onednn_linear
 
 FAST_PATHS = ("lean_decoding", "onednn_linear")
 ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
@@ -84,6 +84,12 @@ def resolve(value: bool | dict | None = None, current: dict | None = None) -> di
 # The dtypes each path serves (the decoding loop's roundings are the model's in float32 and float64).
 _DTYPES = {"lean_decoding": (torch.float32, torch.float64), "onednn_linear": (torch.float32,)}
 
+# Each path's own condition, beside the shared rule (`context`: what the caller passes to `applies`).
+_OWN_CONDITIONS = {
+    "lean_decoding": lambda module, **context: lean_blocker(module, **context) is None,
+    "onednn_linear": lambda module, **context: faster_here(),
+}
+
 
 def _plain_tensors(tensors, dtypes) -> bool:
     return (all(t.device.type == "cpu" and t.dtype in dtypes and t.layout == torch.strided for t in tensors)
@@ -129,11 +135,7 @@ class _FastPaths:
         dtypes = _DTYPES[name]
         if not module.config._fast_paths.get(name, False) or not _plain_tensors(tensors, dtypes):
             return False
-        if name == "onednn_linear" and not faster_here():
-            return False
-        if not contract_holds(module, dtypes=dtypes):
-            return False
-        return name != "lean_decoding" or lean_blocker(module, **context) is None
+        return _OWN_CONDITIONS[name](module, **context) and contract_holds(module, dtypes=dtypes)
 
     @staticmethod
     def kernels(forward):
@@ -154,7 +156,7 @@ class _FastPaths:
     def _decoding_linear(model):
         """What multiplies in the decoding loops: oneDNN where `onednn_linear` applies (called directly: a function
         mode around the loop would cost a Python call on every operation of every step), else F.linear."""
-        return onednn_linear_without_grad if fast.applies("onednn_linear", model) else F.linear
+        return onednn_linear if fast.applies("onednn_linear", model) else F.linear
 
     @staticmethod
     def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):

@@ -13,6 +13,7 @@ entered.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +50,12 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x (..., k) on oneDNN."""
-    out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), weight, bias)
+    """F.linear(x, weight, bias) for x (..., k) on oneDNN; through autograd only where a gradient is wanted (the
+    decoding loops, which run without gradients, call it directly)."""
+    flat = x.reshape(-1, x.shape[-1])
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    out = _OneDNNLinear.apply(flat, weight, bias) if wants_grad else _inner_product(flat, weight, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def onednn_linear_without_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x (..., k) on oneDNN, outside autograd (for the decoding loops, which run without
-    gradients and call it directly, not through the function mode)."""
-    return _inner_product(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def _servable(x, weight, bias=None) -> bool:
@@ -75,6 +73,14 @@ def _linear_arguments(input, weight, bias=None):  # noqa: A002 (F.linear's names
 class OneDNNLinearMode(TorchFunctionMode):
     """While active, `F.linear` on servable tensors runs as `onednn_linear`; every other call is untouched."""
 
+    def __enter__(self):
+        _entered.depth = getattr(_entered, "depth", 0) + 1
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        _entered.depth -= 1
+        return super().__exit__(*exc_info)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
@@ -84,9 +90,12 @@ class OneDNNLinearMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_entered = threading.local()  # how many OneDNNLinearModes this thread is inside
+
+
 def mode_active() -> bool:
-    """Whether a OneDNNLinearMode is already on this thread's function-mode stack."""
-    return any(isinstance(mode, OneDNNLinearMode) for mode in torch.overrides._get_current_function_mode_stack())
+    """Whether this thread runs inside a OneDNNLinearMode."""
+    return getattr(_entered, "depth", 0) > 0
 
 
 @functools.cache

@@ -28,7 +28,7 @@ class Ran:
             self._spy("lean_decoding", fast_paths_vaswani, "lean_sample"),
             self._spy("lean_decoding", fast_paths_vaswani, "lean_beam_search"),
             self._spy("onednn_linear", onednn_vaswani, "onednn_linear"),
-            self._spy("onednn_linear", fast_paths_vaswani, "onednn_linear_without_grad"),  # the decoding loops'
+            self._spy("onednn_linear", fast_paths_vaswani, "onednn_linear"),  # the decoding loops'
         ]
 
     def _spy(self, name, module, attribute):

@@ -2,6 +2,7 @@
 hand-computed loss, the same computation without cache or without padding)."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -571,3 +572,14 @@ def test_beam_search_leaves_the_cross_attention_cache_alone(tiny_config):
     reference = model.generate(**inputs)
     assert torch.equal(ours.sequences, reference.sequences)
     assert torch.equal(ours.sequences_scores, reference.sequences_scores)
+
+
+@pytest.mark.parametrize("implementation, calls", [("sdpa", 2 + 2 * 2), ("eager", 0)])
+def test_sdpa_is_torchs_kernel_in_every_attention_module(tiny_config, implementation, calls):
+    """`sdpa` runs torch's scaled_dot_product_attention in each of the 6 attention modules (2 encoder self-, 2 decoder
+    self- and 2 cross-attentions), whatever the length; `eager` never calls it."""
+    model = make_model(tiny_config, implementation)
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", wraps=kernel) as sdpa, torch.no_grad():
+        model(**padded_batch(21))
+    assert sdpa.call_count == calls

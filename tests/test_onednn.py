@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vaswani import onednn_vaswani
-from vaswani.onednn_vaswani import OneDNNLinearMode, onednn_linear, onednn_linear_without_grad
+from vaswani.onednn_vaswani import OneDNNLinearMode, onednn_linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -40,11 +40,12 @@ def test_forward_and_every_gradient_equal_float64(shape, bias):
 
 @pytest.mark.parametrize("shape", [(64, 24), (4, 9, 24)])
 def test_the_decoding_loops_function_equals_float64(shape):
-    """onednn_linear_without_grad, which the decoding loops call directly, without autograd."""
+    """onednn_linear without gradients, as the decoding loops call it: no autograd node, the same product."""
     g = torch.Generator().manual_seed(len(shape))
     x, weight, bias = torch.randn(*shape, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
-    with torch.inference_mode():
-        out = onednn_linear_without_grad(x, weight, bias)
+    with torch.inference_mode(), mock.patch.object(onednn_vaswani._OneDNNLinear, "apply") as apply:
+        out = onednn_linear(x, weight, bias)
+    apply.assert_not_called()
     expected = F.linear(x.double(), weight.double(), bias.double()).float()
     assert out.shape == expected.shape
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
