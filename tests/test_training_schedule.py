@@ -87,3 +87,58 @@ def test_make_optimizer_is_fused_and_updates_as_the_plain_loop_does(weight_decay
     for a, b, before in zip(fused_model.parameters(), plain_model.parameters(), start):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert (a - before).abs().max() > 1e-3  # the steps did move every parameter
+
+
+def test_budget_factor_by_hand():
+    from vaswani.training.schedule import budget_factor
+
+    # linear: the lower of the warmup line and 1 - progress
+    assert budget_factor("linear", 1, 10, 0.0) == pytest.approx(0.1)
+    assert budget_factor("linear", 10, 10, 0.05) == pytest.approx(0.95)
+    assert budget_factor("linear", 50, 10, 0.5) == pytest.approx(0.5)
+    assert budget_factor("linear", 99, 10, 1.0) == 0.0
+    assert budget_factor("linear", 99, 10, 1.5) == 0.0  # past the budget: never negative
+    # cosine: (1 + cos(pi p)) / 2
+    assert budget_factor("cosine", 50, 10, 0.5) == pytest.approx(0.5)
+    assert budget_factor("cosine", 50, 10, 0.25) == pytest.approx((1 + math.cos(math.pi / 4)) / 2)
+    assert budget_factor("cosine", 50, 10, 1.0) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match="budget schedule"):
+        budget_factor("inverse_sqrt", 5, 10, 0.5)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        budget_factor("linear", 5, 0, 0.5)
+
+
+def test_linear_schedule_over_max_steps_uses_progress_before_each_update():
+    # update n of N sees progress (n - 1) / N: the first at warmup's 1/warmup, the last above zero
+    steps, warmup, peak = 20, 4, 1e-3
+    optimizer = make_optimizer(torch.nn.Linear(2, 2), lr=peak)
+    scheduler = make_scheduler(optimizer, warmup_steps=warmup, schedule="linear", progress=lambda done: done / steps)
+    lrs = _lrs(scheduler, optimizer, steps)
+    expected = [peak * min(n / warmup, 1 - (n - 1) / steps) for n in range(1, steps + 1)]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+    assert lrs[-1] == pytest.approx(peak / steps) and min(lrs) > 0
+    assert max(lrs) == pytest.approx(peak * (1 - 3 / steps))  # the lines meet at the end of warmup
+
+
+def test_budget_schedule_state_round_trip_continues_the_curve():
+    steps = 30
+    model = torch.nn.Linear(2, 2)
+    optimizer = make_optimizer(model, lr=1e-3)
+    scheduler = make_scheduler(optimizer, warmup_steps=5, schedule="cosine", progress=lambda done: done / steps)
+    first = _lrs(scheduler, optimizer, 12)
+    state = (copy.deepcopy(optimizer.state_dict()), copy.deepcopy(scheduler.state_dict()))
+    rest = _lrs(scheduler, optimizer, 18)
+    optimizer2 = make_optimizer(model, lr=1e-3)
+    scheduler2 = make_scheduler(optimizer2, warmup_steps=5, schedule="cosine", progress=lambda done: done / steps)
+    optimizer2.load_state_dict(state[0])
+    scheduler2.load_state_dict(state[1])
+    assert _lrs(scheduler2, optimizer2, 18) == rest
+    assert first[0] == pytest.approx(1e-3 / 5)
+
+
+def test_budget_schedule_needs_progress_and_the_peak_form():
+    optimizer = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3)
+    with pytest.raises(ValueError, match="progress"):
+        make_scheduler(optimizer, 4, schedule="linear")
+    with pytest.raises(ValueError, match="choose one of"):
+        make_scheduler(optimizer, 4, schedule="step")

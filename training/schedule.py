@@ -1,4 +1,5 @@
-"""The paper's learning-rate schedule (linear warmup, then inverse square root) and its optimizer.
+"""Learning-rate schedules (the paper's inverse square root; linear or cosine decay to zero over a known budget)
+and the optimizer.
 
     paper:      lr(step) = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     peak form:  lr(step) = peak  * min(step / warmup, sqrt(warmup / step))
@@ -14,6 +15,16 @@ per `scheduler.step()` (accelerate/scheduler.py, unless `split_batches=True`), w
 warmup N times shorter on N processes. Our steps are optimizer updates of the global batch, so
 build `Accelerator(step_scheduler_with_optimizer=False)` and call `scheduler.step()` once after
 each real update (`if accelerator.sync_gradients:`); the loop's checkpoints hold its state either way.
+
+Budget schedules ("linear", "cosine"): when the run's length is known in advance (max_steps, or a time budget),
+the learning rate rises linearly over warmup_steps and falls to zero as the budget runs out:
+
+    factor(step) = min(step / warmup, decay(progress)),  decay = 1 - p (linear) or (1 + cos(pi p)) / 2 (cosine)
+
+where `progress` p is the fraction of the run's budget used before the update (the loop's `TrainingRun.progress`:
+updates over max_steps, or the run's clock over its time budget, whichever is further). The peak is where the two
+lines meet, just under the given lr (1 - warmup/total for linear). A schedule of steps alone is a pure function of
+the step, so resume is exact; one of time reads the run's clock, which checkpoints carry.
 """
 
 from __future__ import annotations
@@ -41,20 +52,53 @@ def paper_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
+SCHEDULES = ("inverse_sqrt", "linear", "cosine")
+
+
+def budget_factor(schedule: str, step: int, warmup_steps: int, progress: float) -> float:
+    """A budget schedule's factor of the peak lr for update `step` (from 1) with `progress` in [0, 1] of the run
+    used before it: min(step / warmup, decay(progress)); 0 once the budget is used up."""
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps={warmup_steps} must be >= 1")
+    rest = min(1.0, max(0.0, 1.0 - progress))
+    if schedule == "linear":
+        decay = rest
+    elif schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * (1.0 - rest)))
+    else:
+        raise ValueError(f"schedule={schedule!r} is not a budget schedule; choose linear or cosine")
+    return min(max(step, 1) / warmup_steps, decay)
+
+
 def make_scheduler(
     optimizer: torch.optim.Optimizer,
     warmup_steps: int,
     d_model: int | None = None,
     scale: float = 1.0,
+    schedule: str = "inverse_sqrt",
+    progress=None,
 ) -> LambdaLR:
     """A LambdaLR for the schedule; call `scheduler.step()` after each `optimizer.step()`.
 
     - `d_model` given: the paper's formula gives the learning rate itself, so the optimizer must
       have been made with lr=1.0 (checked). `scale` multiplies it.
     - `d_model=None`: the peak form; the optimizer's lr is the peak (`scale` multiplies it too).
+    - `schedule` "linear" or "cosine": a budget schedule (module docstring); `progress(updates_done)` gives the
+      fraction of the run's budget used before the next update.
     """
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps} must be >= 1")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    if schedule != "inverse_sqrt":
+        if d_model is not None or progress is None:
+            raise ValueError(f"schedule={schedule!r} decays over the run's budget: pass progress (a function of the "
+                             "updates done) and no d_model (the optimizer's lr is the peak)")
+
+        def factor(counter: int) -> float:
+            return scale * budget_factor(schedule, counter + 1, warmup_steps, progress(counter))
+
+        return LambdaLR(optimizer, factor)
     if d_model is not None:
         lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         if any(lr != 1.0 for lr in lrs):

@@ -30,12 +30,19 @@ def parse_duration(text: str | int | float) -> float:
 
 
 class Deadline:
-    """A budget that started when this object was made; `expired()` once it is used up."""
+    """A budget that started when this object was made; `expired()` once it is used up.
+
+    A resumed run's budget is the run's, not the invocation's: `credit(seconds)` counts the time its earlier
+    invocations used (the loop saves `elapsed()` in each checkpoint), so a rerun continues where the clock stood."""
 
     def __init__(self, budget: str | float, clock=time.monotonic):
         self.seconds = parse_duration(budget)
         self._clock = clock
         self._start = clock()
+
+    def credit(self, seconds: float) -> None:
+        """Count `seconds` as already used (by the invocations before a resume)."""
+        self._start -= max(0.0, float(seconds))
 
     def elapsed(self) -> float:
         return self._clock() - self._start
