@@ -251,6 +251,35 @@ def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tm
     # dropout was on: the bit-for-bit match would fail if the RNG state were not restored
     assert json.loads((killed / "config.json").read_text())["dropout"] == 0.1
 
+    # one more --resume of the finished run trains nothing and leaves its model folder as it was
+    before = {name: (killed / name).read_bytes() for name in ("model.safetensors", "README.md", "metrics.json")}
+    again = _run([*common, "--output_dir", str(killed), "--resume"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already finished at step 150 (max_steps); nothing to train" in again.stdout
+    assert not (killed / "checkpoints" / "checkpoint-151").exists()
+    assert {name: (killed / name).read_bytes() for name in before} == before
+
+
+def test_a_run_stopped_by_its_time_budget_stays_finished_unless_given_more(workspace, tmp_path):
+    common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
+              "--max_steps", "100000", "--save_every", "50", "--eval_every", "0", "--show"]
+    out = tmp_path / "budget"
+    first = _run([*common, "--time_budget", "40s", "--output_dir", str(out)], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["stopped_by"] == "time_budget"
+    steps, exported = metrics["steps"], (out / "model.safetensors").read_bytes()
+    again = _run([*common, "--time_budget", "40s", "--output_dir", str(out), "--resume"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"already finished at step {steps} (time_budget); nothing to train" in again.stdout
+    assert (out / "model.safetensors").read_bytes() == exported
+    more = _run([*common, "--time_budget", "55s", "--output_dir", str(out), "--resume"], tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints' / f'checkpoint-{steps}'}" in more.stdout
+    # the clock went on from where the first invocation stopped: 15 more seconds, not 55
+    later = json.loads((out / "metrics.json").read_text())
+    assert steps < later["steps"] < 3 * steps and later["stopped_by"] == "time_budget"
+
 
 def _mean(files, name):
     return (sum(_tensors(f)[name].double() for f in files) / len(files)).float()
@@ -428,6 +457,35 @@ def test_progress_total_and_time_left_follow_the_budget_that_ends_first(tmp_path
     assert run.expected_end() == (1500, pytest.approx(50.0))
     run.settings.max_steps, run.settings.max_epochs, run.deadline, run.step = None, 3, None, 100
     assert run.expected_end() == (150, pytest.approx(50.0))  # 3 epochs of 50 batches, 1 s per update
+
+
+def test_progress_is_the_furthest_of_steps_epochs_and_the_clock(tmp_path):
+    from vaswani.training.time_budget import Deadline
+
+    now = [0.0]
+    run = _bare_run(tmp_path, max_steps=1000, time_budget="100s")
+    run.deadline = Deadline("100s", clock=lambda: now[0])
+    reserve = run.final_reserve()
+    assert run.progress(0) == 0.0  # asked once while the scheduler is built
+    assert run.progress(100) == pytest.approx(0.1)  # steps lead
+    now[0] = 0.5 * (100 - reserve)
+    assert run.progress(100) == pytest.approx(0.5)  # the clock leads: half of the budget less the end's reserve
+    now[0] = 100.0
+    assert run.progress(100) == 1.0  # never past the end
+    run.settings.max_steps, run.settings.max_epochs, run.deadline = None, 2, None
+    assert run.progress(25) == pytest.approx(0.25)  # 2 epochs of 50 batches
+
+
+def test_a_resumed_run_continues_its_clock(tmp_path):
+    from vaswani.training.time_budget import Deadline
+
+    now = [500.0]
+    deadline = Deadline("10m", clock=lambda: now[0])
+    now[0] += 30.0
+    deadline.credit(400.0)  # what the checkpoint says the earlier invocations used
+    assert deadline.elapsed() == pytest.approx(430.0) and deadline.remaining() == pytest.approx(170.0)
+    deadline.credit(-5.0)  # nothing negative
+    assert deadline.elapsed() == pytest.approx(430.0)
 
 
 def test_evaluation_lines_go_through_the_progress_bar(tmp_path):

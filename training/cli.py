@@ -29,7 +29,9 @@ from vaswani import PRESETS
 
 from .checkpoints import CHECKPOINT_DIR
 from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
-from .loop import TrainingSettings, settings_dict
+from .loop import EXPORTED, TrainingSettings, settings_dict
+from .recipes import RECIPES, TASK_DEFAULTS, describe, flag_defaults
+from .schedule import SCHEDULES
 from .paragraphs import DEV_LINES, PARAGRAPH_WORDS, TRAIN_LINES, WORD_BOUNDARY
 from .tasks import SPECS, TASKS
 from .time_budget import Deadline, parse_duration
@@ -43,26 +45,16 @@ G2P_NEW_WORDS = ["VASWANI", "HUGGINGFACE", "TOKENIZER", "PYTORCH", "SMARTPHONE",
 # the shipped file, alone and as one line.
 SHOWN = {"g2p": G2P_NEW_WORDS, "g2p-paragraph": [f" {WORD_BOUNDARY} ".join(G2P_NEW_WORDS)]}
 
-# The recipe of each task: the defaults of the flags that differ by task. The model is a preset of the config
-# (for g2p the main job's, scripts/main_job.sh); every other flag defaults to its TrainingSettings field.
-# g2p-paragraph: lines of 250-1,150 tokens a side, so a batch holds a few lines (4096 tokens, ~4 lines on average,
-# the longest alone fits); a warm start from a word-level model is the expected use, hence the short warmup; greedy
-# decoding (a beam over 600-token outputs multiplies the evaluation's cost for little); every example kept
-# (max_source_length over the longest line of 128 words).
-TASK_DEFAULTS = {
-    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=400, eval_every=300, save_every=600,
-                max_steps=30000, num_beams=4, ema_decay=0.998, max_source_length=256),
-    "g2p-paragraph": dict(preset="g2p-paragraph", max_tokens=4096, lr=1e-3, warmup_steps=100, eval_every=100,
-                          save_every=200, max_steps=20000, num_beams=1, ema_decay=0.99, max_source_length=2048),
-    "translation": dict(preset="base", max_tokens=4096, lr=7e-4, warmup_steps=4000, eval_every=1000,
-                        save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0, max_source_length=256),
-}
+SCHEDULE_TEXT = {"inverse_sqrt": "linear warmup, then inverse square root",
+                 "linear": "linear warmup, then linear decay to zero over the run's budget",
+                 "cosine": "linear warmup, then cosine decay to zero over the run's budget"}
 _SETTING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
 
 
 def _by_task(name: str) -> str:
     """"default: 1500 for g2p, 4096 for translation": the help text of a flag whose default is in TASK_DEFAULTS."""
-    return "default: " + ", ".join(f"{recipe[name]} for {task}" for task, recipe in TASK_DEFAULTS.items())
+    return "default: " + ", ".join(f"{recipe[name]} for {task}" for task, recipe in TASK_DEFAULTS.items()
+                                   if name in recipe)
 
 
 def parse_overrides(text: str) -> dict:
@@ -138,23 +130,30 @@ def _add_model_arguments(m) -> None:
     m.add_argument("--config_overrides", default="", help="config fields over the preset's, e.g. "
                                                           "d_model=128,encoder_layers=2,dropout=0.2")
     m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
-    m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"))
+    m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"),
+                   help="attention backend for training and evaluation (default: eager for g2p, the model's own "
+                        "default, sdpa, otherwise)")
 
 
 def _add_training_arguments(t) -> None:
     t.add_argument("--output_dir", default="outputs/g2p", help="checkpoints, logs and the final model folder")
     t.add_argument("--max_steps", type=int, help=f"optimizer updates ({_by_task('max_steps')})")
     t.add_argument("--max_epochs", type=int)
-    t.add_argument("--time_budget", help="wall-clock limit including the final evaluation, e.g. 15m, 1h30m, 900")
+    t.add_argument("--time_budget", help="wall-clock limit of the run (all its invocations: a resumed run continues "
+                                         "its clock), including the final evaluation, e.g. 15m, 1h30m, 900")
+    t.add_argument("--recipe", choices=sorted(RECIPES), help="a named recipe: the defaults of a task's flags for a budget (flags given here "
+                                    "win); " + "; ".join(describe(name) for name in RECIPES))
     t.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in output_dir")
     t.add_argument("--max_tokens", type=int,
                    help=f"padded tokens per micro-batch and process ({_by_task('max_tokens')})")
     t.add_argument("--max_source_length", type=int, help="training examples longer than this many tokens on either "
                                                          f"side are dropped ({_by_task('max_source_length')})")
     t.add_argument("--grad_accum", type=int, default=_SETTING_DEFAULTS["grad_accum"])
-    t.add_argument("--lr", type=float, help="peak learning rate after warmup (inverse square root decay after; "
-                                            f"{_by_task('lr')})")
+    t.add_argument("--lr", type=float, help=f"peak learning rate after warmup ({_by_task('lr')})")
     t.add_argument("--warmup_steps", type=int, help=_by_task("warmup_steps"))
+    t.add_argument("--schedule", choices=SCHEDULES,
+                   help="after warmup: inverse_sqrt (the paper's), or linear / cosine decay to zero as the run's "
+                        f"budget (--max_steps, --max_epochs or --time_budget) runs out ({_by_task('schedule')})")
     t.add_argument("--weight_decay", type=float, default=_SETTING_DEFAULTS["weight_decay"])
     t.add_argument("--clip_norm", type=float, default=_SETTING_DEFAULTS["clip_norm"],
                    help="gradient norm clipping; 0 disables")
@@ -238,11 +237,16 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.task = args.task or ("translation" if args.train_file else "g2p")
+    recipe_task = RECIPES[args.recipe]["task"] if args.recipe in RECIPES else None
+    args.task = args.task or recipe_task or ("translation" if args.train_file else "g2p")
     if args.init_from is not None and args.preset is not None:
         parser.error("--init_from takes the model's config from the folder; drop --preset (change fields with "
                      "--config_overrides)")
-    for key, value in TASK_DEFAULTS[args.task].items():
+    try:
+        defaults = flag_defaults(args.task, args.recipe)
+    except ValueError as error:
+        parser.error(str(error))
+    for key, value in defaults.items():
         if getattr(args, key) is None and not (key == "preset" and args.init_from is not None):
             setattr(args, key, value)
     _check_args(parser, args)
@@ -286,8 +290,9 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
     n_settings = {k: v for k, v in settings_dict(settings).items()
                   if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
                            "mixed_precision", "num_beams", "eval_subset", "ema_decay", "average_last")}
-    n_settings.update(num_processes=num_processes, optimizer="Adam(0.9, 0.98, eps 1e-9)",
-                      schedule="linear warmup, then inverse square root")
+    optimizer = (f"AdamW(0.9, 0.98, eps 1e-9, weight decay {settings.weight_decay})" if settings.weight_decay
+                 else "Adam(0.9, 0.98, eps 1e-9)")  # what schedule.make_optimizer builds
+    n_settings.update(num_processes=num_processes, optimizer=optimizer, schedule=SCHEDULE_TEXT[settings.schedule])
     summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
                f"{result.train_seconds / 60:.1f} minutes on {num_processes} process(es) "
                f"({device}), about {result.target_tokens_per_second:.0f} target tokens/s; "
@@ -349,6 +354,10 @@ def run_training(args) -> dict:
     config = _run_config(args, tokenizer, accelerator)
 
     result = train(config, tokenizer, data, settings, accelerator, deadline=deadline)
+    if result.already_finished:  # the run's model folder stands as it was written
+        accelerator.print(f"the model of that run is in {args.output_dir}, unchanged")
+        accelerator.end_training()
+        return json.loads((Path(args.output_dir) / EXPORTED).read_text(encoding="utf-8"))
 
     metrics = {}
     if accelerator.is_main_process:

@@ -68,7 +68,7 @@ from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_
 from .checkpoints import BEST_DIR, CHECKPOINT_DIR, latest_valid_checkpoint, save_checkpoint
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation
-from .schedule import make_optimizer, make_scheduler
+from .schedule import SCHEDULES, make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline, format_duration
 from .train_state import load_training_state, save_training_state
@@ -82,6 +82,9 @@ FIRST_EVAL_SECONDS_PER_SOURCE = 0.005
 # Kept free of the time budget besides the final evaluation: loading the best weights, writing the folder, and
 # the interpreter's start and exit, which the budget's clock does not see.
 FINAL_OVERHEAD_SECONDS = 30
+# The file the caller's export writes last into output_dir (cli.export_run: the model folder's metrics.json): a run
+# resumed after its stop that finds it has nothing left to do.
+EXPORTED = "metrics.json"
 
 
 @dataclass
@@ -97,6 +100,7 @@ class TrainingSettings:
     max_tokens: int = 4096
     lr: float = 1e-3  # peak learning rate, reached after warmup_steps
     warmup_steps: int = 1000
+    schedule: str = "inverse_sqrt"  # or "linear" / "cosine": to zero as max_steps or the time budget runs out
     weight_decay: float = 0.0
     grad_accum: int = 1
     clip_norm: float = 1.0  # 0: no clipping
@@ -133,6 +137,12 @@ class TrainingSettings:
             raise ValueError("nothing ends the run: give max_steps, max_epochs or time_budget")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be > 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if self.schedule != "inverse_sqrt" and self.max_steps is None and self.time_budget is None \
+                and self.max_epochs is None:
+            raise ValueError(f"schedule={self.schedule!r} decays to zero over the run: give max_steps, max_epochs "
+                             "or time_budget")
         if self.clip_norm < 0:
             raise ValueError(f"clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
         if not 0 <= self.ema_decay < 1:
@@ -159,6 +169,7 @@ class TrainingResult:
     stopped_by: str = ""
     model: object = None  # the unwrapped exported model (main process): the best, or the average
     averaged_steps: list | None = None  # average_last > 1: the steps of the checkpoints averaged
+    already_finished: bool = False  # resumed after its stop: nothing trained, nothing evaluated (the export stands)
 
 
 def make_accelerator(settings: TrainingSettings):
@@ -220,8 +231,12 @@ def train(config, tokenizer, data: TaskData, settings: TrainingSettings, acceler
     if deadline is None and settings.time_budget is not None:
         deadline = Deadline(settings.time_budget)
     run = TrainingRun(config, tokenizer, data, settings, accelerator, deadline)
+    stopped_by = run.finished_before()
+    if stopped_by and (run.output_dir / EXPORTED).is_file():
+        accelerator.print(f"already finished at step {run.step} ({stopped_by}); nothing to train")
+        return TrainingResult(step=run.step, epoch=run.epoch, best_step=run.best["step"] if run.best else None, dev={},
+                              history=run.history, stopped_by=stopped_by, already_finished=True)
     run.start()
-    stopped_by = ""
     while not stopped_by:
         if settings.max_epochs is not None and run.epoch >= settings.max_epochs:
             stopped_by = "max_epochs"
@@ -257,6 +272,7 @@ class TrainingRun:
         self.evaluated = self.ema.module if self.ema is not None else self.unwrapped  # evaluated, kept, exported
 
         self.step, self.epoch, self.batches_done = 0, 0, 0
+        self.stopped_by, self.resumed_stop = "", {}  # why this run stopped; how the resumed checkpoint's run ended
         self.best: dict | None = None  # {"step", "value", "metric"} of the best evaluation so far
         self.history: list[dict] = []  # the evaluations during training
         self._resume()
@@ -293,7 +309,8 @@ class TrainingRun:
         model.generation_config.num_beams = settings.num_beams
         model.train()
         optimizer = make_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay)
-        scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps)
+        scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps, schedule=settings.schedule,
+                                   progress=self.progress)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
 
     def _build_loader(self, examples: list[dict]) -> None:
@@ -324,6 +341,9 @@ class TrainingRun:
             self.ema.load(info.path)
         self.step, self.epoch, self.batches_done = info.step, info.epoch, info.batches_done
         self.best, self.history = info.extra.get("best"), info.extra.get("history", [])
+        self.resumed_stop = {k: info.extra.get(k) for k in ("stopped_by", "time_budget_seconds")}
+        if self.deadline is not None:
+            self.deadline.credit(info.extra.get("elapsed_seconds", 0.0))
         self.sampler.load_state_dict({**info.extra["sampler"], "epoch": self.epoch, "batches_done": self.batches_done})
         accelerator.print(f"resumed from {info.path} (step {self.step}, epoch {self.epoch}, batch {self.batches_done})")
 
@@ -379,7 +399,7 @@ class TrainingRun:
         self.bar.update(1)
         if self.step % settings.log_every == 0:
             self.log_training()
-        stopped_by = self.stop_reason()
+        stopped_by = self.stopped_by = self.stop_reason()
         if (settings.eval_every and self.step % settings.eval_every == 0) or stopped_by:
             self.evaluate()
         if (settings.save_every and self.step % settings.save_every == 0) or stopped_by:
@@ -425,6 +445,38 @@ class TrainingRun:
             ends.append(self.step + int(max(0.0, self.deadline.remaining() - self.final_reserve()) / per_step))
         end = max(self.step, min(ends)) if ends else None
         return end, (end - self.step) * per_step if end is not None and per_step else None
+
+    def progress(self, updates_done: int) -> float:
+        """The fraction of the run's budget used before update `updates_done` + 1: the furthest of updates over
+        `max_steps` (and over `max_epochs`' updates) and the run's clock over its time budget less the end's
+        reserve (the budget schedules decay by it; at 1 the run stops). 0 before the first update (the scheduler
+        asks once while the run is being built)."""
+        settings, fractions = self.settings, [0.0]
+        if updates_done == 0:
+            return 0.0
+        if settings.max_steps is not None:
+            fractions.append(updates_done / settings.max_steps)
+        if settings.max_epochs is not None:
+            fractions.append(updates_done / (settings.max_epochs * math.ceil(len(self.loader) / settings.grad_accum)))
+        if self.deadline is not None:
+            available = self.deadline.seconds - self.final_reserve()
+            fractions.append(self.deadline.elapsed() / available if available > 0 else 1.0)
+        return min(1.0, max(fractions))
+
+    def finished_before(self) -> str:
+        """Why a resumed run has nothing left to train ("max_steps", "max_epochs", "time_budget"), or "": the stop rule
+        checked before the first update of an invocation. A run that stopped on its time budget stays finished
+        unless resumed with a larger one; a larger max_steps or max_epochs continues it."""
+        settings = self.settings
+        if settings.max_steps is not None and self.step >= settings.max_steps:
+            return "max_steps"
+        if settings.max_epochs is not None and self.epoch >= settings.max_epochs:
+            return "max_epochs"
+        budget = self.resumed_stop.get("time_budget_seconds")
+        if self.resumed_stop.get("stopped_by") == "time_budget" and self.deadline is not None and budget is not None \
+                and self.deadline.seconds <= budget:
+            return "time_budget"
+        return ""
 
     def stop_reason(self) -> str:
         """"max_steps", "time_budget" (every rank stops at the same step) or ""."""
@@ -503,6 +555,10 @@ class TrainingRun:
         done = self.batches_done >= len(self.loader)
         epoch, batches_done = (self.epoch + 1, 0) if done else (self.epoch, self.batches_done)
         extra = {"sampler": self.sampler.state_dict(batches_done), "best": self.best, "history": self.history}
+        if self.deadline is not None:
+            extra.update(elapsed_seconds=self.deadline.elapsed(), time_budget_seconds=self.deadline.seconds)
+        if self.stopped_by:
+            extra["stopped_by"] = self.stopped_by
         save_checkpoint(self.checkpoint_dir, self.step, self._save_state, epoch=epoch, batches_done=batches_done,
                         keep_last=self.settings.keep_last, extra=extra, is_main_process=self.main,
                         wait_for_everyone=self.accelerator.wait_for_everyone)
