@@ -23,10 +23,11 @@ def test_presets_and_overrides():
     assert tiny.d_model == 32 and tiny.encoder_layers == 2
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         VaswaniConfig.from_preset("huge")
-    # the main job's model: the g2p layers at half the width, no dropout, label smoothing
+    # the main job's model: the g2p layers at half the width, pre-LN, no dropout, label smoothing
     small, g2p = VaswaniConfig.from_preset("g2p-small").to_dict(), VaswaniConfig.from_preset("g2p").to_dict()
     changed = {k: small[k] for k in small if small[k] != g2p[k]}
-    assert changed == dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, dropout=0.0, label_smoothing=0.1)
+    assert changed == dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, normalize_before=True, dropout=0.0,
+                           label_smoothing=0.1)
 
 
 def test_auto_config_for_model():

@@ -1,0 +1,57 @@
+"""Training recipes: the defaults of vaswani-train's flags for each task, and named recipes with a budget.
+
+A recipe is a set of flag defaults; a flag given on the command line wins over it. `TASK_DEFAULTS` holds what
+differs by task (every other flag defaults to its `TrainingSettings` field); `RECIPES` are named recipes
+(`--recipe NAME`), each for one task and a wall-clock budget, over that task's defaults. The model comes from a
+config preset (`vaswani.PRESETS`), so a recipe keeps no second copy of the model's hyperparameters.
+
+The G2P recipes were chosen by the study in docs/recipes.md (dev set only; every setting tried is listed there with
+its figure): a learning rate that decays linearly to zero as the budget runs out, eager attention (at CMUdict's
+10-token words torch's CPU flash kernel costs more than the plain matmul and softmax), a dev evaluation every 500
+updates.
+- g2p (the main job, `scripts/main_job.sh` gives it 15 minutes): the `g2p-small` model (128 wide, 3+3 layers).
+- g2p-1h: one hour, a wider model for the longer budget.
+- g2p-paragraph: lines of 250-1,150 tokens a side, so a batch holds a few lines (4096 tokens, ~4 lines on average,
+  the longest alone fits); a warm start from a word-level model is the expected use, hence the short warmup; greedy
+  decoding (a beam over 600-token outputs multiplies the evaluation's cost for little); every example kept
+  (max_source_length over the longest line of 128 words).
+"""
+
+from __future__ import annotations
+
+TASK_DEFAULTS = {
+    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=400, schedule="linear",
+                attn_implementation="eager", eval_every=500, save_every=500, max_steps=30000, num_beams=4,
+                ema_decay=0.998, max_source_length=256),
+    "g2p-paragraph": dict(preset="g2p-paragraph", max_tokens=4096, lr=1e-3, warmup_steps=100, schedule="inverse_sqrt",
+                          eval_every=100, save_every=200, max_steps=20000, num_beams=1, ema_decay=0.99,
+                          max_source_length=2048),
+    "translation": dict(preset="base", max_tokens=4096, lr=7e-4, warmup_steps=4000, schedule="inverse_sqrt",
+                        eval_every=1000, save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0,
+                        max_source_length=256),
+}
+
+RECIPES = {
+    "g2p-15m": dict(task="g2p", time_budget="15m"),
+    "g2p-1h": dict(task="g2p", time_budget="1h", preset="g2p-medium", lr=1.5e-3, warmup_steps=800),
+}
+
+
+def flag_defaults(task: str, recipe: str | None = None) -> dict:
+    """The defaults of the flags for `task` under `recipe` (None: the task's own); raises ValueError when the recipe
+    is for another task."""
+    if recipe is None:
+        return dict(TASK_DEFAULTS[task])
+    if recipe not in RECIPES:
+        raise ValueError(f"--recipe {recipe!r} is unknown; choose one of {', '.join(RECIPES)}")
+    named = {k: v for k, v in RECIPES[recipe].items() if k != "task"}
+    if RECIPES[recipe]["task"] != task:
+        raise ValueError(f"--recipe {recipe} is a recipe for --task {RECIPES[recipe]['task']}, not {task}")
+    return {**TASK_DEFAULTS[task], **named}
+
+
+def describe(name: str, with_defaults: bool = False) -> str:
+    """"g2p-1h (g2p, time_budget 1h, preset g2p-medium, ...)": a recipe as --help lists it."""
+    recipe = RECIPES[name]
+    fields = flag_defaults(recipe["task"], name) if with_defaults else {k: v for k, v in recipe.items() if k != "task"}
+    return f"{name} ({recipe['task']}: " + ", ".join(f"{k} {v}" for k, v in fields.items()) + ")"
