@@ -50,21 +50,6 @@ PRESETS = {
         dropout=0.0,
         label_smoothing=0.1,
     ),
-    # The model of the one-hour G2P recipe (vaswani-train --recipe g2p-1h): g2p-small at 1.5x the width.
-    "g2p-medium": dict(
-        vocab_size=128,
-        d_model=192,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=768,
-        decoder_ffn_dim=768,
-        max_position_embeddings=64,
-        normalize_before=True,
-        dropout=0.0,
-        label_smoothing=0.1,
-    ),
     # For tests: runs in milliseconds.
     "tiny": dict(
         vocab_size=100,
@@ -106,8 +91,7 @@ class VaswaniConfig(PreTrainedConfig):
       positions see all and are seen by all; causal in the decoder) or `"linear"` (phi(x) = elu(x) + 1 feature
       maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is always full.
 
-    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-medium" | "g2p-paragraph" | "tiny",
-    **overrides)`.
+    Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-paragraph" | "tiny", **overrides)`.
     """
 
     model_type = "vaswani"

@@ -23,17 +23,18 @@ def test_a_recipe_is_its_task_defaults_with_its_own_values_over_them():
     assert flag_defaults("g2p") == TASK_DEFAULTS["g2p"]
     hour = flag_defaults("g2p", "g2p-1h")
     assert hour == {**TASK_DEFAULTS["g2p"], **{k: v for k, v in RECIPES["g2p-1h"].items() if k != "task"}}
-    assert hour["time_budget"] == "1h" and hour["preset"] == "g2p-medium"
+    assert hour["time_budget"] == "1h" and hour["preset"] == "g2p-small"
     with pytest.raises(ValueError, match="recipe for --task g2p, not translation"):
         flag_defaults("translation", "g2p-1h")
     with pytest.raises(ValueError, match="unknown"):
         flag_defaults("g2p", "g2p-1d")
-    assert describe("g2p-1h").startswith("g2p-1h (g2p: time_budget 1h, preset g2p-medium")
+    assert describe("g2p-1h") == "g2p-1h (g2p: time_budget 1h)"
+    assert "schedule linear" in describe("g2p-1h", with_defaults=True)
 
 
 def test_vaswani_train_reads_a_recipe_and_flags_win_over_it(capsys):
     args = cli.parse_args(["--recipe", "g2p-1h"])
-    assert (args.task, args.time_budget, args.preset, args.lr) == ("g2p", "1h", "g2p-medium", RECIPES["g2p-1h"]["lr"])
+    assert (args.task, args.time_budget, args.preset) == ("g2p", "1h", "g2p-small")
     assert args.schedule == TASK_DEFAULTS["g2p"]["schedule"] and args.max_tokens == TASK_DEFAULTS["g2p"]["max_tokens"]
     args = cli.parse_args(["--recipe", "g2p-1h", "--lr", "1e-4", "--time_budget", "2m", "--preset", "tiny"])
     assert (args.lr, args.time_budget, args.preset) == (1e-4, "2m", "tiny")
@@ -45,9 +46,3 @@ def test_vaswani_train_reads_a_recipe_and_flags_win_over_it(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["--recipe", "nope"])
     assert "invalid choice" in capsys.readouterr().err
-
-
-def test_the_one_hour_model_is_g2p_small_wider():
-    small, medium = PRESETS["g2p-small"], PRESETS["g2p-medium"]
-    assert {k for k in small if small[k] != medium.get(k)} == {"d_model", "encoder_ffn_dim", "decoder_ffn_dim"}
-    assert medium["d_model"] == 192 and medium["encoder_ffn_dim"] == medium["decoder_ffn_dim"] == 4 * 192
