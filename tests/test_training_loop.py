@@ -379,7 +379,8 @@ def test_two_processes_resume_exactly_from_each_rank_s_own_state(workspace, tmp_
     """Each rank restores its own RNG state (dropout is on) and the shared model/optimizer state: stopping at step 4
     and resuming to step 8 ends with the weights of a run straight to step 8, bit for bit."""
     common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
-              "--save_every", "2", "--keep_last", "4", "--eval_every", "0", "--show"]
+              "--save_every", "2", "--keep_last", "4", "--eval_every", "0", "--show",
+              "--schedule", "inverse_sqrt"]  # a schedule that does not depend on max_steps, which the split changes
     straight, split = tmp_path / "straight", tmp_path / "split"
     _two_processes([*common, "--max_steps", "8"], tmp_path, straight)
     _two_processes([*common, "--max_steps", "4"], tmp_path, split)
