@@ -416,6 +416,8 @@ class TrainingRun:
                   "lr": self.scheduler.get_last_lr()[0],
                   "target_tokens_per_second": totals[2].item() / (now - self.window_start),
                   "elapsed": now - self.start_time}
+        if self.deadline is not None:
+            record["run_clock"] = self.deadline.elapsed()  # the time budget's clock: earlier invocations included
         self.total_tokens += totals[2].item()
         self._log(record)
         if self.writer:
