@@ -1,6 +1,6 @@
 """The G2P recipe study: run one training setting and record it, or print the table of every setting recorded.
 
-    python benchmarks/recipe_study.py run NAME [--threads 1] -- TRAIN.PY ARGUMENTS...
+    python benchmarks/recipe_study.py run NAME [--threads 1] -- TRAIN.PY ARGUMENTS...   # after --: as written
     python benchmarks/recipe_study.py decode NAME [--weights ema raw] [--beams 1 4] [--length_penalty 1.0]
     python benchmarks/recipe_study.py table            # benchmarks/recipe_study.jsonl as one markdown table
 
@@ -135,16 +135,16 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="train one setting and record it")
     r.add_argument("name")
     r.add_argument("--threads", type=int, default=1)
-    r.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: the arguments of scripts/train.py")
     d = sub.add_parser("decode", help="score a finished run's last checkpoint again (weights, beam, length penalty)")
     d.add_argument("name")
     d.add_argument("--weights", nargs="+", choices=("ema", "raw"), default=["ema", "raw"])
     d.add_argument("--beams", nargs="+", type=int, default=[1, 4])
     d.add_argument("--length_penalty", nargs="+", type=float, default=[1.0])
     sub.add_parser("table", help="print the table of every recorded run")
-    options = parser.parse_args(argv)
-    if options.command == "run":
-        train_args = options.train_args[1:] if options.train_args[:1] == ["--"] else options.train_args
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    options = parser.parse_args(ours)
+    if options.command == "run":  # everything after "--" goes to scripts/train.py as written
         run(options.name, options.threads, train_args)
     elif options.command == "decode":
         decode(options.name, options.weights, options.beams, options.length_penalty)

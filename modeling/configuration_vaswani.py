@@ -153,10 +153,6 @@ class VaswaniConfig(PreTrainedConfig):
     def validate_token_ids(self):
         self._check_token_ids()
 
-    def _remove_keys_not_serialized(self, d: dict) -> None:
-        super()._remove_keys_not_serialized(d)
-        d.pop("_fast_paths", None)  # the models' fast-path switch is chosen at load or at run time, never saved
-
     def _check_architecture(self):
         """Raises ValueError naming the field and the fix."""
         for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",

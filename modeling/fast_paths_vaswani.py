@@ -12,9 +12,12 @@ result. Each is named here, switched here and decided here:
 Each path earns its place in docs/performance.md, measured against the same model with it off; paths that did not
 (padding-free layers, a custom dropout mask, fused q/k/v projections, ...) were removed.
 
-The switch: `fast_paths=` at load (True, False or {name: bool}), `model.set_fast_paths(...)` at run time, and the
-environment variable VASWANI_FAST_PATHS (`1`/`all`, `0`/`none`, or a comma-separated list of the names to enable)
-for the default of models created afterwards.
+Each path is one record of `PATHS` (`FastPath`: name, dtypes, its own condition, entry point).
+
+The switch belongs to the model: `fast_paths=` at load (True, False or {name: bool}), `model.set_fast_paths(...)` at
+run time, and the environment variable VASWANI_FAST_PATHS (`1`/`all`, `0`/`none`, or a comma-separated list of the
+names to enable) for the default of models created afterwards. A model and the models inside it (its encoder and
+decoder stacks) share one switch; two models never do, even when built from one config object.
 
 The rule (`applies`), for every path: the path is switched on; the tensors it reads are on the CPU in a dtype it
 serves (float32; float64 too for the decoding loop), with no tensor subclass, outside autocast, `torch.compile` and
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +43,25 @@ from torch.nn.modules import module as _module_globals
 from .decoding_vaswani import lean_beam_search, lean_blocker, lean_sample
 from .onednn_vaswani import OneDNNLinearMode, faster_here, mode_active, onednn_linear
 
-FAST_PATHS = ("lean_decoding", "onednn_linear")
+@dataclass(frozen=True)
+class FastPath:
+    """One fast path: its name, the dtypes it serves, its own condition beside the shared rule (called with the
+    module and the caller's `context`), and where it enters the reference file."""
+
+    name: str
+    dtypes: tuple
+    condition: Callable[..., bool]
+    entry: str
+
+
+PATHS = {path.name: path for path in (
+    FastPath("lean_decoding", (torch.float32, torch.float64),  # the loop's roundings are the model's in both
+             lambda module, **context: lean_blocker(module, **context) is None,
+             "VaswaniForConditionalGeneration._sample / _beam_search -> lean_sample / lean_beam_search"),
+    FastPath("onednn_linear", (torch.float32,), lambda module, **context: faster_here(),
+             "@fast.kernels on VaswaniEncoder.forward and VaswaniDecoder.forward; the decoding loops' linear"),
+)}
+FAST_PATHS = tuple(PATHS)
 ENVIRONMENT_VARIABLE = "VASWANI_FAST_PATHS"
 
 # The torch and transformers classes the model is built of; with the model's own classes (recognised by their
@@ -81,16 +104,6 @@ def resolve(value: bool | dict | None = None, current: dict | None = None) -> di
     raise TypeError(f"fast_paths={value!r}: give True, False or a dict {{name: bool}} of {list(FAST_PATHS)}")
 
 
-# The dtypes each path serves (the decoding loop's roundings are the model's in float32 and float64).
-_DTYPES = {"lean_decoding": (torch.float32, torch.float64), "onednn_linear": (torch.float32,)}
-
-# Each path's own condition, beside the shared rule (`context`: what the caller passes to `applies`).
-_OWN_CONDITIONS = {
-    "lean_decoding": lambda module, **context: lean_blocker(module, **context) is None,
-    "onednn_linear": lambda module, **context: faster_here(),
-}
-
-
 def _plain_tensors(tensors, dtypes) -> bool:
     return (all(t.device.type == "cpu" and t.dtype in dtypes and t.layout == torch.strided for t in tensors)
             and not torch.overrides.has_torch_function(tensors)
@@ -130,12 +143,12 @@ class _FastPaths:
     @staticmethod
     def applies(name: str, module: nn.Module, *tensors: torch.Tensor, **context) -> bool:
         """Whether fast path `name` replaces `module`'s call on `tensors` (see the module docstring)."""
-        if name not in FAST_PATHS:
+        if name not in PATHS:
             raise ValueError(f"unknown fast path {name!r}; the fast paths are {list(FAST_PATHS)}")
-        dtypes = _DTYPES[name]
-        if not module.config._fast_paths.get(name, False) or not _plain_tensors(tensors, dtypes):
+        path = PATHS[name]
+        if not module.fast_paths_switch.get(name, False) or not _plain_tensors(tensors, path.dtypes):
             return False
-        return _OWN_CONDITIONS[name](module, **context) and contract_holds(module, dtypes=dtypes)
+        return path.condition(module, **context) and contract_holds(module, dtypes=path.dtypes)
 
     @staticmethod
     def kernels(forward):

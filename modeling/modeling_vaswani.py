@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import can_return_tuple
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -34,6 +34,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention_patterns_vaswani import pattern_attention, self_attention_cache, self_attention_mask
 from .configuration_vaswani import VaswaniConfig
 from .positions_vaswani import SinusoidalPositions
+
+logger = logging.get_logger(__name__)
 
 
 class _ReferenceOnly:
@@ -48,6 +50,8 @@ try:  # a checkpoint must load even where its fast-path files cannot be imported
     from .fast_paths_vaswani import fast
 except Exception as error:  # noqa: BLE001
     fast = _ReferenceOnly(error)
+    logger.warning(f"vaswani: the CPU fast paths could not be imported ({type(error).__name__}: {error}); the model "
+                   "runs on its reference path (same results, without the fast paths' speed)")
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -275,7 +279,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     The models take `fast_paths` (also through `from_pretrained(..., fast_paths=...)`; later `set_fast_paths`):
     True (all, the default unless the environment variable VASWANI_FAST_PATHS says otherwise), False (none), or
-    {name: bool} of `fast_paths_vaswani.FAST_PATHS`. The switch lives on the config object and is never saved."""
+    {name: bool} of `fast_paths_vaswani.FAST_PATHS`. The switch belongs to the model (a model and the stacks inside
+    it share one; two models never do, even over one config object) and is never saved."""
 
     config: VaswaniConfig
     base_model_prefix = "model"
@@ -289,17 +294,27 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: VaswaniConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
-        if not hasattr(config, "_fast_paths"):
-            config._fast_paths = fast.resolve()
+        self.fast_paths_switch = fast.resolve()  # {name: on}; `_share_fast_paths` gives the stacks their model's
+
+    def _share_fast_paths(self, fast_paths: bool | dict | None) -> None:
+        """Set this model's switch from `fast_paths` (None: the environment's default) and hand the same dict to the
+        models inside it, so that `set_fast_paths` on any of them switches the whole model."""
+        switch = fast.resolve(fast_paths)
+        for module in self.modules():
+            if isinstance(module, VaswaniPreTrainedModel):
+                module.fast_paths_switch = switch
 
     @property
     def fast_paths(self) -> dict[str, bool]:
         """Which fast paths are switched on (each still applies only where its rule holds)."""
-        return dict(self.config._fast_paths)
+        return dict(self.fast_paths_switch)
 
     def set_fast_paths(self, fast_paths: bool | dict) -> None:
         """Switch the fast paths at run time: True, False, or {name: bool} (names not given keep their setting)."""
-        self.config._fast_paths = fast.resolve(fast_paths, self.config._fast_paths)
+        switch = self.fast_paths_switch
+        new = fast.resolve(fast_paths, switch)
+        switch.clear()
+        switch.update(new)
 
     def mark_tied_weights_as_initialized(self, loading_info):
         # `shared` and encoder/decoder.embed_tokens are one module: the base class marks it loaded through the tied
@@ -448,7 +463,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, self.shared)
         self.decoder = VaswaniDecoder(config, self.shared)
         self.post_init()
-        config._fast_paths = fast.resolve(fast_paths)
+        self._share_fast_paths(fast_paths)
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         # Source and target always share the embedding; `tie_word_embeddings` governs only the output projection,
@@ -521,7 +536,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         else:
             self.final_logits_bias = None
         self.post_init()
-        config._fast_paths = fast.resolve(fast_paths)
+        self._share_fast_paths(fast_paths)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head

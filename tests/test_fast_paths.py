@@ -91,6 +91,23 @@ def test_switch_at_load_at_run_time_and_by_environment(tiny_config, tmp_path, mo
     assert VaswaniForConditionalGeneration(tiny_config, fast_paths=True).fast_paths == on
 
 
+def test_each_model_has_its_own_switch_shared_with_its_stacks(tiny_config):
+    """Two models over one config object never share a switch: building one leaves the other's as it was; the stacks
+    inside a model follow the model's (the encoder's and decoder's forwards read theirs)."""
+    a = VaswaniForConditionalGeneration(tiny_config)
+    a.set_fast_paths(False)
+    b = VaswaniForConditionalGeneration(tiny_config)
+    assert a.fast_paths == dict.fromkeys(FAST_PATHS, False) and b.fast_paths == dict.fromkeys(FAST_PATHS, True)
+    assert a.config is b.config
+    b.set_fast_paths({"onednn_linear": False})
+    assert a.fast_paths == dict.fromkeys(FAST_PATHS, False)
+    for stack in (a.model, a.model.encoder, a.model.decoder):
+        assert stack.fast_paths == a.fast_paths
+    a.model.decoder.set_fast_paths(True)  # a stack's switch is its model's
+    assert a.fast_paths == dict.fromkeys(FAST_PATHS, True)
+    assert b.fast_paths == {"lean_decoding": True, "onednn_linear": False}
+
+
 def test_unknown_names_are_refused_with_the_choices(tiny_config, monkeypatch):
     model = VaswaniForConditionalGeneration(tiny_config)
     with pytest.raises(ValueError, match="unknown fast path.*'lean'.*lean_decoding"):

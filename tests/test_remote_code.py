@@ -42,7 +42,7 @@ def clean_env(tmp_path):
 
 def _save_and_load_elsewhere(tmp_path, model, break_fast_paths: str | None = None):
     """Save `model`, optionally replace its fast-path file with `break_fast_paths`, load it in a clean interpreter;
-    returns (outputs, the inputs, the interpreter's stdout)."""
+    returns (outputs, the inputs, the interpreter's stdout and stderr)."""
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
     if break_fast_paths is not None:
@@ -67,7 +67,7 @@ def _save_and_load_elsewhere(tmp_path, model, break_fast_paths: str | None = Non
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return load_file(tmp_path / "out.st"), inputs, result.stdout
+    return load_file(tmp_path / "out.st"), inputs, result.stdout + result.stderr
 
 
 def _expected(model, inputs):
@@ -101,6 +101,8 @@ def test_a_checkpoint_whose_fast_paths_fail_to_import_loads_on_the_reference_pat
     broken = 'raise ImportError("simulated: this torch lacks the kernels")\n'
     outputs, inputs, stdout = _save_and_load_elsewhere(tmp_path, model, break_fast_paths=broken)
     assert "fast paths: _ReferenceOnly {}" in stdout and "simulated" in stdout
+    warning = "the CPU fast paths could not be imported (ImportError: simulated: this torch lacks the kernels)"
+    assert stdout.count(warning) == 1 and "runs on its reference path" in stdout
     model.set_fast_paths(False)
     logits, generated = _expected(model, inputs)
     assert torch.allclose(outputs["logits"], logits, rtol=0, atol=1e-5)
