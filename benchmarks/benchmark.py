@@ -43,8 +43,6 @@ import copy
 import json
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -57,12 +55,18 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.training.convert_marian import marian_config_to_vaswani, marian_state_dict_to_vaswani
 
-SIZES = {
-    "g2p": dict(vocab=128, d_model=256, layers=3, heads=4, ffn=1024, batch=256, source=12, target=10),
-    "base": dict(vocab=8000, d_model=512, layers=6, heads=8, ffn=2048, batch=16, source=64, target=64),
-    # for the test suite: the bookkeeping, not the speed
-    "quick": dict(vocab=64, d_model=32, layers=1, heads=2, ffn=64, batch=8, source=6, target=5),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measurement import (  # noqa: E402  (the measuring shared with long_inputs.py)
+    NOISY_SPREAD,
+    SIZES,
+    Stat,
+    _measure,
+    _paired,
+    activation_bytes,
+    machine_description,
+    spread,
+)
+
 PAD, EOS, START = 0, 2, 0
 SENTENCES, NEW_TOKENS = 64, 32  # generation: sentences per call, new tokens per sentence
 GENERATION_TOKENS = SENTENCES * NEW_TOKENS
@@ -71,42 +75,6 @@ GENERATION_TOKENS = SENTENCES * NEW_TOKENS
 def onednn_available() -> bool:
     """Whether this torch build has oneDNN's linear (the kernel the ceilings also time, besides MKL)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-@dataclass
-class Stat:
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Stat":
-        return cls(statistics.median(values), min(values), max(values))
-
-
-NOISY_SPREAD = 0.2  # (max - min) / median of either contender above this: the machine was busy; rerun that row
-
-
-def _relative_range(stat: dict) -> float:
-    """(max - min) / median of a `Stat` as a dict."""
-    return (stat["high"] - stat["low"]) / stat["median"]
-
-
-def spread(comparison: dict, contenders: tuple[str, str] = ("marian", "vaswani")) -> float:
-    """The wider of the two contenders' (max - min) / median: how far a row's ratio can be trusted."""
-    return max(_relative_range(comparison[who]) for who in contenders)
-
-
-def _spread_of(rates: dict[str, list[float]]) -> float:
-    """`spread` of raw measurements (any contenders' names)."""
-    return max(_relative_range(Stat.of(values).__dict__) for values in rates.values())
-
-
-def _paired(first: list[float], second: list[float]) -> tuple[Stat, Stat, Stat, int]:
-    """Two contenders' rates, round by round: the statistics of each, of the per-round ratios second / first, and the
-    number of rounds."""
-    ratios = [b / a for a, b in zip(first, second)]
-    return Stat.of(first), Stat.of(second), Stat.of(ratios), len(ratios)
 
 
 @dataclass
@@ -168,27 +136,6 @@ def make_batch(size: str, padded: bool, seed: int = 0) -> dict:
         labels=labels.masked_fill(decoder_attention_mask == 0, -100),
         decoder_attention_mask=decoder_attention_mask,
     )
-
-
-def _alternate(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Runs each contender once per round, in alternating order, and collects what each returns."""
-    results = {name: [] for name in contenders}
-    names = list(contenders)
-    for round_index in range(rounds):
-        for name in names if round_index % 2 == 0 else names[::-1]:
-            results[name].append(contenders[name]())
-    return results
-
-
-def _measure(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """`_alternate`, and as many rounds again when the first ones spread more than `NOISY_SPREAD`: a busy stretch of
-    the machine then weighs less in the medians, which are taken over all the rounds (the decision looks at the
-    spread alone, never at which contender was ahead)."""
-    rates = _alternate(contenders, rounds)
-    if _spread_of(rates) > NOISY_SPREAD:
-        more = _alternate(contenders, rounds)
-        rates = {name: rates[name] + more[name] for name in rates}
-    return rates
 
 
 def _train_step_fn(model, batch: dict, steps: int) -> Callable[[], float]:
@@ -275,26 +222,6 @@ def compare_generation(size: str, attn: str, num_beams: int, rounds: int, senten
     if not same:
         raise AssertionError(f"generation differs between Marian and vaswani ({size}, {attn}, beams {num_beams})")
     return Comparison.of(_generation_name(size, attn, num_beams), "tokens/s", rates, identical_outputs=same)
-
-
-def activation_bytes(model, batch: dict) -> int:
-    """Bytes of the distinct storages autograd saves for backward in one forward: the memory that grows with
-    sequence length (parameters, gradients and optimizer state don't). Exact and independent of machine noise."""
-    seen: dict[int, int] = {}
-
-    def pack(tensor):
-        if tensor.device.type != "meta":
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(**batch).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return sum(n for ptr, n in seen.items() if ptr not in parameters)
 
 
 def compare_memory(size: str, lengths: list[int]) -> list[dict]:
@@ -611,19 +538,6 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
     if fast_paths is not None:
         results["fast_paths"] = run_fast_paths(sizes, fast_paths, rounds, steps, generation_rounds, log)
     return results
-
-
-def machine_description(peak_gflops: float) -> dict:
-    model_name = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model_name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return dict(cpu=model_name, cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
-                matmul_peak_gflops=peak_gflops)
 
 
 def _spread_note(comparison: dict, contenders: tuple[str, str] = ("marian", "vaswani")) -> str:

@@ -50,7 +50,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import SIZES, Stat, _alternate, _measure, activation_bytes, machine_description  # noqa: E402
+from measurement import SIZES, Stat, _alternate, _measure, activation_bytes, machine_description  # noqa: E402
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
 from vaswani.attention_patterns_vaswani import self_attention_cache  # noqa: E402

@@ -13,6 +13,7 @@ from helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))  # benchmarks/benchmark.py is not part of the package
 import benchmark  # noqa: E402
+import measurement  # noqa: E402
 
 
 def test_pair_computes_the_same_function():
@@ -28,7 +29,7 @@ def test_pair_computes_the_same_function():
 
 def test_alternate_runs_contenders_in_alternating_order():
     calls = []
-    results = benchmark._alternate({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 4)
+    results = measurement._alternate({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 4)
     assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert results == {"a": [1.0] * 4, "b": [2.0] * 4}
 
@@ -40,7 +41,7 @@ def _scripted(values):
 
 
 def test_steady_rounds_are_not_repeated_and_per_round_ratios_pair_each_round():
-    rates = benchmark._measure({"marian": _scripted([100, 96, 104]), "vaswani": _scripted([120, 110, 130])}, 3)
+    rates = measurement._measure({"marian": _scripted([100, 96, 104]), "vaswani": _scripted([120, 110, 130])}, 3)
     assert rates == {"marian": [100, 96, 104], "vaswani": [120, 110, 130]}  # spreads 8 % and 17 %: three rounds
     c = benchmark.Comparison.of("train quick sdpa unpadded", "tokens/s", rates)
     assert c.extra["rounds"] == 3
@@ -52,14 +53,14 @@ def test_steady_rounds_are_not_repeated_and_per_round_ratios_pair_each_round():
 def test_noisy_rounds_are_measured_again_and_pooled():
     marian = [100, 60, 100, 100, 101, 99]  # a busy moment in round 2: spread 40 %
     vaswani = [120, 70, 121, 119, 120, 121]
-    rates = benchmark._measure({"marian": _scripted(marian), "vaswani": _scripted(vaswani)}, 3)
+    rates = measurement._measure({"marian": _scripted(marian), "vaswani": _scripted(vaswani)}, 3)
     assert rates == {"marian": marian, "vaswani": vaswani}  # three more rounds, pooled with the first three
     c = benchmark.Comparison.of("generate quick sdpa greedy", "tokens/s", rates, identical_outputs=True)
     assert c.extra == {"rounds": 6, "identical_outputs": True}
     assert c.marian.median == pytest.approx(100) and c.vaswani.median == pytest.approx(120)
     # once only: a machine that stays busy gives a row still marked noisy, not an endless benchmark
     calls = []
-    busy = benchmark._measure({"a": lambda: calls.append(1) or float(len(calls) % 2 + 1), "b": lambda: 1.0}, 2)
+    busy = measurement._measure({"a": lambda: calls.append(1) or float(len(calls) % 2 + 1), "b": lambda: 1.0}, 2)
     assert len(busy["a"]) == 4 and len(calls) == 4
 
 
@@ -321,3 +322,27 @@ def test_deploy_section_marian_twin_and_table(trained_checkpoint):
     table = "\n".join(deploy.format_tables(results))
     assert "| vaswani (torch fp32) | 100 (90-120) | 1.00 | 25.00 | 5.00 | 100.0 % |" in table
     assert "| other | 100 (90-120) | 1.00 | 25.00 | 5.00 | 50.0 % |" in table
+
+
+def test_the_benchmark_scripts_import_no_circle():
+    """benchmarks/*.py may import each other (lazy imports inside functions included) only without a circle."""
+    import ast
+
+    folder = REPO / "benchmarks"
+    scripts = {path.stem: path for path in folder.glob("*.py")}
+    imports = {}
+    for name, path in scripts.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+        imports[name] = found & set(scripts) - {name}
+    assert "measurement" in imports["long_inputs"] and "benchmark" not in imports["long_inputs"]
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in imports[start])
+
+    circles = sorted(name for name in imports if reaches(name, name))
+    assert not circles, f"import circle through {circles}"
