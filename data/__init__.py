@@ -3,7 +3,8 @@ same way in a checkout, an editable install and an installed wheel; no code find
 
     cmudict-g2p/g014b2b.train.tsv   the default training data of `vaswani-train` (CMUdict G2P split)
     cmudict-g2p/SOURCE.md           where that file comes from, and its license
-    model_card.md                   the template of a trained model's README.md (training/model_card.py)
+    model_card.md                   the template of a trained model's README.md (training/model_card.py): a link to
+                                    the repository's top-level model_card.md, its one source
 """
 
 from importlib.resources import files

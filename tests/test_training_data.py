@@ -24,6 +24,14 @@ def test_shipped_data_is_the_original_file_with_its_notice():
     assert "{{ card_data }}" in data_file("model_card.md").read_text(encoding="utf-8")
 
 
+def test_the_card_template_is_the_top_level_model_card():
+    """One source of truth: the package's template is the repository's top-level model_card.md, not a copy."""
+    from helpers import REPO
+
+    shipped = REPO / "data" / "model_card.md"
+    assert shipped.is_symlink() and shipped.resolve() == (REPO / "model_card.md").resolve()
+
+
 def test_no_library_file_looks_for_files_next_to_the_repository():
     """Shipped files are package resources; a path built from a module's own location breaks in a wheel."""
     root = Path(__file__).resolve().parent.parent

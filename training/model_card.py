@@ -1,6 +1,7 @@
 """The README.md of a trained model: Hub metadata (YAML front matter) plus the filled template `model_card.md`.
 
-The template ships in the package `vaswani.data` (data/model_card.md in the repository; Jinja, read with
+The template is model_card.md at the repository's top level (one file: data/model_card.md is a link to it, so the
+package `vaswani.data` carries it in the sdist and the wheel; Jinja, read with
 `importlib.resources` and rendered by `huggingface_hub.ModelCard.from_template`); the
 front matter comes from `ModelCardData`, so it is valid YAML with `library_name`, `pipeline_tag`, `license`,
 `tags` and a `model-index` holding the measured dev metrics. The Hub validates metadata only on upload, and
