@@ -260,6 +260,64 @@ def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tm
     assert {name: (killed / name).read_bytes() for name in before} == before
 
 
+def _kill_when(process, ready, timeout=180.0) -> bool:
+    """SIGKILL `process` as soon as `ready()` holds; False if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if process.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the moment to kill never came"
+        time.sleep(0.001)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    return True
+
+
+def test_killed_at_several_random_moments_some_inside_a_save_ends_bit_for_bit_as_the_run_left_alone(workspace,
+                                                                                                  tmp_path):
+    """Fault injection: SIGKILL at random moments (between updates, and inside a save: a temporary checkpoint folder
+    on disk), resuming each time; the run ends with the weights of the run left alone, and one more --resume
+    changes nothing."""
+    import random
+
+    common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
+              "--max_steps", "120", "--save_every", "2", "--eval_every", "0", "--ema_decay", "0.9", "--show"]
+    straight = tmp_path / "straight"
+    assert _run([*common, "--output_dir", str(straight)], tmp_path).returncode == 0
+    out, chance = tmp_path / "killed", random.Random(7)
+    folder = out / "checkpoints"
+
+    def steps_saved() -> list[int]:
+        return sorted(int(p.parent.name.split("-")[1]) for p in folder.glob("checkpoint-*/vaswani_state.json"))
+
+    inside_a_save = 0
+    for kill in range(5):
+        process = subprocess.Popen([sys.executable, str(TRAIN), *common, "--output_dir", str(out),
+                                    *(["--resume"] if kill else [])], env=_env(tmp_path),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        before = steps_saved()[-1] if kill else 0
+        target = min(110, before + chance.randint(4, 24))  # a new checkpoint at least, then a random moment
+        if kill % 2:  # inside a save: the temporary folder of one is there
+            killed = _kill_when(process, lambda: steps_saved()[-1:] >= [target] and any(folder.glob(".tmp-*")))
+            inside_a_save += killed
+        else:
+            killed = _kill_when(process, lambda: steps_saved()[-1:] >= [target] and not time.sleep(
+                chance.random() * 0.05))
+        assert killed, "the run finished before its kill"
+    assert inside_a_save >= 2
+    assert not (out / "metrics.json").exists()
+    final = _run([*common, "--output_dir", str(out), "--resume"], tmp_path)
+    assert final.returncode == 0, final.stderr[-3000:]
+    for name in ("model.safetensors", "ema.safetensors"):
+        a, b = (_tensors(run / "checkpoints" / "checkpoint-120" / name) for run in (straight, out))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert (out / "model.safetensors").read_bytes() == (straight / "model.safetensors").read_bytes()
+    before = {name: (out / name).read_bytes() for name in ("model.safetensors", "README.md", "metrics.json")}
+    again = _run([*common, "--output_dir", str(out), "--resume"], tmp_path)
+    assert "already finished at step 120 (max_steps); nothing to train" in again.stdout
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
 def test_a_run_stopped_by_its_time_budget_stays_finished_unless_given_more(workspace, tmp_path):
     common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
               "--max_steps", "100000", "--save_every", "50", "--eval_every", "0", "--show"]
