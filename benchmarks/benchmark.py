@@ -44,6 +44,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,25 @@ from measurement import (  # noqa: E402  (the measuring shared with long_inputs.
 PAD, EOS, START = 0, 2, 0
 SENTENCES, NEW_TOKENS = 64, 32  # generation: sentences per call, new tokens per sentence
 GENERATION_TOKENS = SENTENCES * NEW_TOKENS
+
+
+def log_line(line: str) -> None:
+    """Prints one measured row at once, also when the output goes to a pipe or a file (block-buffered there)."""
+    print(line, flush=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file in the same folder: an interrupted write leaves the old file
+    or the new one, never a part of one."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; the results are for anyone to read, like write_text's
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def onednn_available() -> bool:
@@ -432,7 +452,7 @@ def compare_fast_paths(model, on: dict[str, bool], off: dict[str, bool], rounds:
 
 
 def run_fast_paths(sizes: list[str], names: list[str] | None, rounds: int, steps: int, generation_rounds: int,
-                   log: Callable = print) -> dict:
+                   log: Callable = log_line) -> dict:
     """The gain of each fast path (and of all of them) on a training step and on greedy and beam-5 generate."""
     rows = fast_path_rows(names)
     gains: list[Gain] = []
@@ -464,11 +484,19 @@ def run_fast_paths(sizes: list[str], names: list[str] | None, rounds: int, steps
     }
 
 
+def _comparison_dict(c: Comparison) -> dict:
+    return dict(name=c.name, unit=c.unit, ratio=c.ratio, marian=c.marian.__dict__, vaswani=c.vaswani.__dict__,
+                round_ratio=c.round_ratios.__dict__, **c.extra)
+
+
 def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: int, memory_lengths: list[int],
-                  memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = print,
-                  fast_paths: list[str] | None = None) -> dict:
+                  memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = log_line,
+                  fast_paths: list[str] | None = None, output_dir: str | Path | None = None) -> dict:
     """The comparisons with Marian, the ceilings, the memory rows; and with `fast_paths` (a list of names, empty for
-    all), the fast paths section."""
+    all), the fast paths section. With `output_dir` (created first), results.json there holds what is measured so
+    far after each size and after the memory rows, so that an interrupted run keeps them."""
+    if output_dir is not None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)  # a bad path fails now, not after the measuring
     if fast_paths is not None:
         fast_path_rows(fast_paths)  # a missing module or an unknown name fails now, not after the comparisons
     peak_size = 512 if "quick" in sizes else 2048
@@ -476,6 +504,13 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
     log(f"fp32 matmul peak: {peaks[0]:.1f} GFLOP/s on {torch.get_num_threads()} threads")
     comparisons: list[Comparison] = []
     efficiency = {}
+
+    def save_so_far(**sections) -> None:
+        if output_dir is not None:
+            so_far = {"machine": {**machine_description(max(peaks)), "matmul_peak_gflops_start_end": peaks},
+                      "comparisons": [_comparison_dict(c) for c in comparisons], "efficiency": efficiency, **sections}
+            write_atomically(Path(output_dir) / "results.json", json.dumps(so_far, indent=2) + "\n")
+
     for size in sizes:
         for attn in ("eager", "sdpa"):
             for padded in (False, True):
@@ -509,6 +544,7 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
             }
             log(f"{size} generate {key}: GEMMs alone at their own rates {ideal:.3f} s, Marian {seconds[0]:.3f} s: "
                 f"a same-FLOP implementation could be at most x{seconds[0] / ideal:.2f} Marian")
+        save_so_far()
     peaks.append(matmul_peak_gflops(peak_size))
     peak = max(peaks)
     log(f"fp32 matmul peak: {peaks[1]:.1f} GFLOP/s at the end; the higher, {peak:.1f}, is the peak")
@@ -521,13 +557,10 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
         log(f"memory {memory_size} {attn}: " + ", ".join(
             f"{r['source_length']}: Marian {r['marian_mib']:.0f} / vaswani {r['vaswani_mib']:.0f} MiB"
             for r in memory if r["attn"] == attn))
+    save_so_far(memory=memory)
     results = {
         "machine": {**machine_description(peak), "matmul_peak_gflops_start_end": peaks},
-        "comparisons": [
-            dict(name=c.name, unit=c.unit, ratio=c.ratio, marian=c.marian.__dict__, vaswani=c.vaswani.__dict__,
-                 round_ratio=c.round_ratios.__dict__, **c.extra)
-            for c in comparisons
-        ],
+        "comparisons": [_comparison_dict(c) for c in comparisons],
         "efficiency": efficiency,
         "memory": memory,
         "memory_growth_exponent": {
@@ -598,7 +631,7 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")
     lines = ["| measurement | Marian | vaswani | vaswani / Marian | per round: median [min-max] of rounds | spread |",
              "|---|---|---|---|---|---|"]
     for c in results["comparisons"]:
@@ -618,7 +651,7 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
                   for name, ideal, marian, mine in ceilings]
     if "fast_paths" in results:
         lines += ["", *fast_path_table(results["fast_paths"])]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_atomically(out / "results.md", "\n".join(lines) + "\n")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     names = [c["name"] for c in results["comparisons"]]
@@ -644,17 +677,26 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
 
 
 def run_deploy_section(checkpoint: str, words: int, rounds: int, threads: int, output_dir: str) -> dict:
-    """benchmarks/deploy.py's run, written to deploy_results.json and deploy_results.md in `output_dir`."""
+    """benchmarks/deploy.py's run, written to deploy_results.json and deploy_results.md in `output_dir` (created
+    first). Each search's table is printed, and both files rewritten, as soon as that search is measured, so that an
+    interrupted run keeps the searches it finished."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from deploy import format_tables, run_deploy
 
-    results = run_deploy(checkpoint, words=words, rounds=rounds, threads=threads)
-    results["machine"]["processor"] = machine_description(float("nan"))["cpu"]
     output_dir = Path(output_dir)
-    (output_dir / "deploy_results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    table = "\n".join(format_tables(results)) + "\n"
-    (output_dir / "deploy_results.md").write_text(table, encoding="utf-8")
-    print(table)
+    output_dir.mkdir(parents=True, exist_ok=True)  # a bad path fails now, not after the measuring
+    processor = machine_description(float("nan"))["cpu"]
+
+    def write(results: dict) -> None:  # after each search: its table, then both files with every search so far
+        results["machine"]["processor"] = processor
+        newest = list(results["searches"])[-1]
+        print("\n".join(format_tables({**results, "searches": {newest: results["searches"][newest]}})), flush=True)
+        write_atomically(output_dir / "deploy_results.json", json.dumps(results, indent=1))
+        write_atomically(output_dir / "deploy_results.md", "\n".join(format_tables(results)) + "\n")
+
+    results = run_deploy(checkpoint, words=words, rounds=rounds, threads=threads, on_progress=write)
+    for name in ("deploy_results.json", "deploy_results.md"):
+        print(f"wrote {output_dir / name}")
     return results
 
 
@@ -691,7 +733,7 @@ def main(argv=None):
         args.memory_lengths, args.memory_size = [16, 32], "quick"
         args.fast_paths = args.fast_paths or []
     results = run_benchmark(args.sizes, args.rounds, args.steps, args.generation_rounds, args.memory_lengths,
-                            args.memory_size, fast_paths=args.fast_paths)
+                            args.memory_size, fast_paths=args.fast_paths, output_dir=args.output_dir)
     for path in write_outputs(results, args.output_dir):
         print(f"wrote {path}")
     return results

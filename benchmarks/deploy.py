@@ -14,7 +14,8 @@ every contender once, in order, so a busy machine slows all alike), medians with
 
 Each decodes the first `words` dev words (batches of 32, sorted by length, vaswani's `generate_lines` limits), greedy
 and beam 4. Reported: words/s, WER and PER against the dev references, and parity: the share of the words whose
-output equals vaswani float32's.
+output equals vaswani float32's. `benchmark.py --deploy` prints and writes each search's table as soon as it is
+measured, so an interrupted run keeps the searches it finished.
 
 This is not library code: nothing in the package imports it.
 """
@@ -25,6 +26,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -88,8 +90,10 @@ def _median(values: list[float]) -> dict:
     return {"median": statistics.median(values), "low": min(values), "high": max(values)}
 
 
-def run_deploy(model_dir: str, words: int = 1000, rounds: int = 3, threads: int = 1) -> dict:
-    """Times every contender on the dev words, greedy and beam 4; returns the results as a dict."""
+def run_deploy(model_dir: str, words: int = 1000, rounds: int = 3, threads: int = 1,
+               on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Times every contender on the dev words, greedy and beam 4; returns the results as a dict. `on_progress` is
+    called with the results so far after each search, so that a caller can show and keep them as they come."""
     from vaswani.training.data import load_g2p
     from vaswani.training.metrics import g2p_scores
 
@@ -121,6 +125,8 @@ def run_deploy(model_dir: str, words: int = 1000, rounds: int = 3, threads: int 
                 rows[name] = {"words_per_second": _median([len(lines) / s for s in seconds[name]]),
                               "wer": scores.wer, "per": scores.per, "parity": same / len(lines)}
             results["searches"][search] = rows
+            if on_progress is not None:
+                on_progress(results)
     return results
 
 

@@ -532,6 +532,7 @@ def parse_settings(argv=None) -> tuple[Settings, argparse.Namespace]:
 def main(argv=None):
     settings, args = parse_settings(argv)
     command = shlex.join(["python", "benchmarks/long_inputs.py", *(sys.argv[1:] if argv is None else argv)])
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)  # a bad path fails now, not after the measuring
     results = run_long_inputs(settings, command=command)
     for path in write_outputs(results, args.output_dir):
         print(f"wrote {path}")

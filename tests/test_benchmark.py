@@ -118,6 +118,91 @@ def test_quick_run_end_to_end(tmp_path):
     assert "| fast path | train quick sdpa padded | generate quick sdpa greedy | generate quick sdpa beam 5 |" in table
 
 
+@pytest.mark.parametrize("mode", ["benchmark", "deploy", "long_inputs"])
+def test_every_mode_makes_its_output_folder_before_measuring(tmp_path, monkeypatch, mode):
+    """A folder not there yet is made, parents included, before the first measurement: a bad path fails at once,
+    not after minutes of measuring."""
+    import deploy
+    import long_inputs
+
+    folder = tmp_path / "results" / "new"
+    seen = []
+
+    def first_measurement(*args, **kwargs):
+        seen.append(folder.is_dir())
+        raise KeyboardInterrupt  # stops the run here
+
+    module, measure, argv = {
+        "benchmark": (benchmark, "matmul_peak_gflops", ["--quick", "--output_dir", str(folder)]),
+        "deploy": (deploy, "run_deploy", ["--deploy", "outputs/g2p", "--output_dir", str(folder)]),
+        "long_inputs": (long_inputs, "run_long_inputs", ["--long_inputs", "--quick", "--output_dir", str(folder)]),
+    }[mode]
+    monkeypatch.setattr(module, measure, first_measurement)
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main([*argv, "--threads", "1"])
+    assert seen == [True]
+
+
+def test_an_interrupted_benchmark_keeps_the_rows_it_measured(tmp_path, monkeypatch, capsys):
+    """Each row is printed as it is measured, and results.json holds every size's rows once that size is done: a run
+    stopped during the memory rows keeps its comparisons."""
+    def measured(name):
+        return benchmark.Comparison.of(name, "tokens/s", {"marian": [100.0], "vaswani": [125.0]})
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark, "matmul_peak_gflops", lambda n: 50.0)
+    monkeypatch.setattr(benchmark, "compare_training", lambda size, attn, padded, *rest: measured(
+        f"train {size} {attn} {'padded' if padded else 'unpadded'}"))
+    monkeypatch.setattr(benchmark, "ideal_step_seconds", lambda size: 0.01)
+    monkeypatch.setattr(benchmark, "compare_generation", lambda size, attn, beams, rounds: measured(
+        benchmark._generation_name(size, attn, beams)))
+    monkeypatch.setattr(benchmark, "ideal_generation_seconds", lambda size, beams: 0.01)
+    monkeypatch.setattr(benchmark, "compare_memory", interrupted)
+    folder = tmp_path / "results" / "new"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main(["--quick", "--output_dir", str(folder), "--threads", "1"])
+    names = [f"train quick {attn} {padded}" for attn in ("eager", "sdpa") for padded in ("unpadded", "padded")]
+    names += ["generate quick sdpa greedy", "generate quick sdpa beam 5"]
+    written = json.loads((folder / "results.json").read_text())
+    assert [c["name"] for c in written["comparisons"]] == names
+    assert all(c["ratio"] == pytest.approx(1.25) for c in written["comparisons"])
+    assert set(written["efficiency"]["quick"]) >= {"training_ceiling_over_marian", "generate_greedy", "generate_beam5"}
+    printed = capsys.readouterr().out.splitlines()
+    for name in names:
+        assert any(line.startswith(name) and "x1.25" in line for line in printed), name
+    assert [path.name for path in folder.iterdir()] == ["results.json"]  # no temporary file left
+
+
+def test_an_interrupted_deploy_run_keeps_the_searches_it_finished(tmp_path, monkeypatch, capsys):
+    """`--deploy` prints each search's table and writes both files as soon as that search is measured: a run
+    stopped during beam 4 keeps greedy. The engines are stand-ins (no trained model here); the rest is the real run."""
+    import deploy
+
+    def engine(lines, beams):
+        if beams > 1:
+            raise KeyboardInterrupt  # stopped while beam 4 is measured
+        return ["AH"] * len(lines)
+
+    monkeypatch.setattr(deploy, "build_contenders", lambda model_dir, work_dir, threads: {
+        "vaswani (torch fp32)": engine, "CTranslate2 int8": engine})
+    folder = tmp_path / "results" / "new"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_deploy_section("outputs/g2p", words=20, rounds=1, threads=1, output_dir=str(folder))
+    written = json.loads((folder / "deploy_results.json").read_text())
+    assert written["words"] == 20 and list(written["searches"]) == ["greedy"]
+    rows = written["searches"]["greedy"]
+    assert list(rows) == ["vaswani (torch fp32)", "CTranslate2 int8"]
+    assert rows["CTranslate2 int8"]["parity"] == 1.0 and rows["CTranslate2 int8"]["words_per_second"]["median"] > 0
+    table = (folder / "deploy_results.md").read_text()
+    printed = capsys.readouterr().out
+    for text in (table, printed):
+        assert "### greedy" in text and "### beam 4" not in text
+        assert "| CTranslate2 int8 |" in text and "| 100.0 % |" in text
+    assert sorted(path.name for path in folder.iterdir()) == ["deploy_results.json", "deploy_results.md"]
+
+
 def test_generation_mismatch_is_an_error(monkeypatch):
     original = benchmark.build_pair
 
