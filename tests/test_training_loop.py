@@ -28,8 +28,9 @@ from vaswani.training.data import default_g2p_file, read_g2p
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "scripts" / "train.py"
+# float32 on every machine (the g2p default, --mixed_precision auto, is bf16 where the CPU multiplies it natively)
 TINY = ["--preset", "tiny", "--task", "g2p", "--dev_percent", "10", "--max_tokens", "150", "--no_progress_bar",
-        "--eval_subset", "0", "--eval_batch_size", "64"]
+        "--eval_subset", "0", "--eval_batch_size", "64", "--mixed_precision", "no"]
 QUIET = [*TINY, "--no_tensorboard"]
 
 
@@ -258,6 +259,54 @@ def test_sigkill_and_resume_match_an_uninterrupted_run_bit_for_bit(workspace, tm
     assert "already finished at step 150 (max_steps); nothing to train" in again.stdout
     assert not (killed / "checkpoints" / "checkpoint-151").exists()
     assert {name: (killed / name).read_bytes() for name in before} == before
+
+
+def test_bf16_training_resumes_bit_for_bit_and_differs_from_float32(workspace, tmp_path):
+    """--mixed_precision bf16 (what auto picks on CPUs with AVX512-BF16 or AMX): the forward runs autocast (its
+    weights differ from the float32 run's after the same updates, and its loss follows it), a SIGKILL and --resume
+    end bit for bit as the run left alone, and the card names the precision."""
+    common = ["--train_file", str(workspace / "g2p.tsv"), "--tokenizer", str(workspace / "tokenizer"), *QUIET,
+              "--max_steps", "40", "--save_every", "10", "--eval_every", "0", "--show"]
+    bf16 = [*common, "--mixed_precision", "bf16"]  # the last flag wins over QUIET's float32
+    runs = {name: tmp_path / name for name in ("fp32", "bf16", "killed")}
+    for name, args in (("fp32", common), ("bf16", bf16)):
+        result = _run([*args, "--output_dir", str(runs[name])], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    process = subprocess.Popen([sys.executable, str(TRAIN), *bf16, "--output_dir", str(runs["killed"])],
+                               env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    assert _kill_when(process, lambda: (runs["killed"] / "checkpoints" / "checkpoint-20" / "vaswani_state.json").exists())
+    resumed = _run([*bf16, "--output_dir", str(runs["killed"]), "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    final = {name: _tensors(folder / "checkpoints" / "checkpoint-40" / "model.safetensors")
+             for name, folder in runs.items()}
+    assert all(torch.equal(final["bf16"][k], final["killed"][k]) for k in final["bf16"])
+    assert not torch.equal(final["bf16"]["model.shared.weight"], final["fp32"]["model.shared.weight"])
+    losses = {name: json.loads((runs[name] / "metrics.json").read_text())["dev"]["loss"] for name in ("fp32", "bf16")}
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.05)
+    assert "| mixed_precision | bf16 |" in (runs["bf16"] / "README.md").read_text(encoding="utf-8")
+
+
+def test_mixed_precision_auto_is_bf16_where_the_device_multiplies_it_natively(monkeypatch):
+    from vaswani.training import loop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for avx512_bf16, amx, expected in ((True, False, "bf16"), (False, True, "bf16"), (False, False, "no")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert loop.resolve_mixed_precision("auto") == expected
+        for given in ("no", "bf16", "fp16"):
+            assert loop.resolve_mixed_precision(given) == given
+        # vaswani-train resolves it before the run (the card and the checkpoint's arguments name what ran)
+        assert cli.make_settings(cli.parse_args([])).mixed_precision == expected
+        assert cli.make_settings(cli.parse_args(["--mixed_precision", "no"])).mixed_precision == "no"
+        assert cli.make_settings(cli.parse_args(["--task", "translation"])).mixed_precision == "no"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert loop.resolve_mixed_precision("auto") == "bf16"
+    assert loop.resolve_mixed_precision("auto", cpu=True) == "no"  # --cpu on a GPU machine: the CPU decides
+    with pytest.raises(ValueError, match="choose one of no, fp16, bf16, auto"):
+        loop.TrainingSettings(output_dir="x", max_steps=1, mixed_precision="fp8").validate()
 
 
 def _kill_when(process, ready, timeout=180.0) -> bool:
@@ -617,13 +666,14 @@ def test_default_model_is_the_g2p_small_preset():
 
 
 def test_flag_defaults_are_the_settings_defaults_except_the_task_recipe():
-    from vaswani.training.loop import TrainingSettings
+    from vaswani.training.loop import TrainingSettings, resolve_mixed_precision
 
     for task, argv in (("g2p", []), ("translation", ["--task", "translation"]),
                        ("g2p-paragraph", ["--task", "g2p-paragraph"])):
         settings = vars(cli.make_settings(cli.parse_args(argv)))
         plain = vars(TrainingSettings(output_dir="outputs/g2p"))
         recipe = {k: v for k, v in cli.TASK_DEFAULTS[task].items() if k in plain}
+        recipe["mixed_precision"] = resolve_mixed_precision(recipe["mixed_precision"])  # "auto", as this machine has it
         assert settings == {**plain, **recipe}, task
         assert recipe.keys() == cli.TASK_DEFAULTS[task].keys() - {"preset"}
 

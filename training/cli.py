@@ -29,7 +29,7 @@ from vaswani import PRESETS
 
 from .checkpoints import CHECKPOINT_DIR
 from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
-from .loop import EXPORTED, TrainingSettings, settings_dict
+from .loop import EXPORTED, MIXED_PRECISIONS, TrainingSettings, resolve_mixed_precision, settings_dict
 from .recipes import RECIPES, TASK_DEFAULTS, describe, flag_defaults
 from .schedule import SCHEDULES
 from .paragraphs import DEV_LINES, PARAGRAPH_WORDS, TRAIN_LINES, WORD_BOUNDARY
@@ -161,7 +161,9 @@ def _add_training_arguments(t) -> None:
     t.add_argument("--ema_decay", type=float, help="evaluate, keep and export an exponential moving average of the "
                                                    "weights with this decay (warmed up); 0: the raw weights "
                                                    f"({_by_task('ema_decay')})")
-    t.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=_SETTING_DEFAULTS["mixed_precision"])
+    t.add_argument("--mixed_precision", choices=MIXED_PRECISIONS,
+                   help="autocast the forward to fp16 or bf16; auto: bf16 where the device multiplies it in hardware "
+                        f"(AVX512-BF16 or AMX CPUs, CUDA GPUs), else no ({_by_task('mixed_precision')})")
     t.add_argument("--cpu", action="store_true", help="force CPU (multi-process CPU runs need it, set by default "
                                                       "when no GPU is present)")
 
@@ -257,6 +259,7 @@ def make_settings(args) -> TrainingSettings:
     """The TrainingSettings of parsed vaswani-train arguments (a flag and its field share the name)."""
     given = {name: getattr(args, name) for name in _SETTING_DEFAULTS if hasattr(args, name)}
     given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard)
+    given["mixed_precision"] = resolve_mixed_precision(given["mixed_precision"], given["cpu"])
     return TrainingSettings(**given)
 
 

@@ -79,6 +79,7 @@ logger = logging.getLogger(__name__)
 # The first estimate of evaluation seconds per dev source, before an evaluation has measured it: the order of a
 # trained G2P model on CPU. A pessimistic guess times a full dev set can exceed the whole budget at step 1.
 FIRST_EVAL_SECONDS_PER_SOURCE = 0.005
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "auto")
 # Kept free of the time budget besides the final evaluation: loading the best weights, writing the folder, and
 # the interpreter's start and exit, which the budget's clock does not see.
 FINAL_OVERHEAD_SECONDS = 30
@@ -112,7 +113,7 @@ class TrainingSettings:
     keep_last: int = 2
     log_every: int = 20
     seed: int = 0
-    mixed_precision: str = "no"
+    mixed_precision: str = "no"  # or "fp16", "bf16", "auto" (`resolve_mixed_precision`)
     cpu: bool = False
     resume: bool = False
     attn_implementation: str | None = None
@@ -153,8 +154,8 @@ class TrainingSettings:
             raise ValueError(f"average_last={self.average_last} averages the last {self.average_last} checkpoints: "
                              f"keep that many (keep_last={self.keep_last}) and save during the run "
                              f"(save_every={self.save_every})")
-        if self.mixed_precision not in ("no", "fp16", "bf16"):
-            raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose no, fp16 or bf16")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISIONS)}")
 
 
 @dataclass
@@ -172,6 +173,23 @@ class TrainingResult:
     already_finished: bool = False  # resumed after its stop: nothing trained, nothing evaluated (the export stands)
 
 
+def native_bf16(cpu: bool = False) -> bool:
+    """Whether the device a run trains on multiplies bfloat16 in hardware: a CUDA GPU that supports it (unless `cpu`),
+    or a CPU with AVX512-BF16 or AMX tiles. Elsewhere bfloat16 GEMMs are emulated and slower than float32."""
+    if torch.cuda.is_available() and not cpu:
+        return torch.cuda.is_bf16_supported()
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
+
+
+def resolve_mixed_precision(value: str, cpu: bool = False) -> str:
+    """The precision a run trains in: "auto" is "bf16" where `native_bf16(cpu)`, "no" (float32) elsewhere; any
+    other value as given. bf16 autocasts the forward (weights, optimizer and evaluation stay float32)."""
+    if value != "auto":
+        return value
+    return "bf16" if native_bf16(cpu) else "no"
+
+
 def make_accelerator(settings: TrainingSettings):
     """An Accelerator for the run; on a machine without CUDA under a multi-process launcher, CPU (gloo) mode.
 
@@ -182,7 +200,7 @@ def make_accelerator(settings: TrainingSettings):
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cpu = settings.cpu or (world_size > 1 and not torch.cuda.is_available())
-    accelerator = Accelerator(cpu=cpu, mixed_precision=settings.mixed_precision,
+    accelerator = Accelerator(cpu=cpu, mixed_precision=resolve_mixed_precision(settings.mixed_precision, cpu),
                               gradient_accumulation_steps=settings.grad_accum, step_scheduler_with_optimizer=False)
     if accelerator.num_processes != world_size:
         raise RuntimeError(
