@@ -22,7 +22,7 @@ update, cheaper updates; float32 elsewhere).
 from __future__ import annotations
 
 TASK_DEFAULTS = {
-    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=400, schedule="linear",
+    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=100, schedule="linear",
                 attn_implementation="eager", eval_every=500, save_every=500, max_steps=30000, num_beams=4,
                 ema_decay=0.998, max_source_length=256, mixed_precision="auto"),
     "g2p-paragraph": dict(preset="g2p-paragraph", max_tokens=4096, lr=1e-3, warmup_steps=100, schedule="inverse_sqrt",
