@@ -15,13 +15,15 @@ statistics are taken over all of them. Sizes (from the performance issue):
 - "g2p": d_model 256, 3+3 layers, 4 heads, FFN 1024, vocab 128, batch 256, source 12 / target 10 tokens;
 - "base": the paper's base model with vocab 8000, batch 16, source 64 / target 64 tokens.
 
-Measured: training tokens/s (forward + backward + fused Adam step; padded and unpadded; eager and sdpa), generation
-tokens/s (64 sentences, 32 new tokens, greedy and beam 5; outputs asserted identical), activation memory of
-forward + backward against source length (batch 1), the fp32 matmul peak of this machine and the model's achieved
-FLOP/s as a fraction of it (MFU), and the ideal time of a training step and of each generate call if every GEMM in
-it ran at its own measured rate (on the faster of MKL and oneDNN for that shape) and nothing else took any time:
-Marian's measured time over that ideal is the most any implementation doing the same FLOPs could gain over Marian on
-this machine (the "ceiling").
+Measured: training tokens/s (forward + backward + fused Adam step; padded and unpadded; eager and sdpa; dropout 0
+and 0.1), generation tokens/s (64 sentences, 32 new tokens, greedy and beam 5; outputs asserted identical),
+activation memory of forward + backward against source length (batch 1), the fp32 matmul peak of this machine and
+the model's achieved FLOP/s as a fraction of it (MFU), and the ideal time of a training step and of each generate
+call if every GEMM in it ran at its own measured rate (on the faster of MKL and oneDNN for that shape) and nothing
+else took any time: Marian's measured time over that ideal is the most any implementation doing the same FLOPs
+could gain over Marian on this machine (the "ceiling"). Each training row also gives each contender's share of the
+ceiling (the ideal step over its measured step) and the split of its step's self CPU time: GEMM / attention /
+other (torch.profiler).
 
 Marian is built with random weights (and a non-zero final logits bias) and converted with `convert_marian`, so
 both models compute the same function; vaswani runs as a user gets it by default (`VaswaniForConditionalGeneration`
@@ -158,13 +160,18 @@ def make_batch(size: str, padded: bool, seed: int = 0) -> dict:
     )
 
 
+def _step_tokens(batch: dict) -> int:
+    """The real (unpadded) source and target tokens of a batch: what the training rates count."""
+    return int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
+
+
 def _train_step_fn(model, batch: dict, steps: int) -> Callable[[], float]:
     # torch's fused Adam, for both: what Trainer (`adamw_torch_fused`, its default since torch 2.8) and our training
     # loop (`make_optimizer`) use, where torch's plain default is a Python loop over the parameters
     fused = True if next(model.parameters()).device.type in ("cpu", "cuda") else None
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9, fused=fused)
     model.train()
-    tokens = int(batch["attention_mask"].sum() + batch["decoder_attention_mask"].sum())
+    tokens = _step_tokens(batch)
 
     def one_step():
         optimizer.zero_grad(set_to_none=True)
@@ -183,9 +190,57 @@ def _train_step_fn(model, batch: dict, steps: int) -> Callable[[], float]:
     return run
 
 
+def _training_name(size: str, attn: str, padded: bool, dropout: float) -> str:
+    return f"train {size} {attn} {'padded' if padded else 'unpadded'} dropout {dropout:g}"
+
+
+GEMM_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"}
+ATTENTION_OPS = {"aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax", "aten::_softmax_backward_data",
+                 "aten::masked_fill", "aten::masked_fill_"}
+
+
+def op_category(name: str) -> str:
+    """"gemm", "attention" or "other" for a profiler op name. Self times: aten::linear and aten::matmul count
+    through the mm/addmm/bmm they call; log_softmax is the loss's, not attention's; autograd's node names
+    (`SoftmaxBackward0`) hold only their own overhead, which is "other"."""
+    if name in GEMM_OPS:
+        return "gemm"
+    if name in ATTENTION_OPS or name.startswith(("aten::_scaled_dot_product", "aten::scaled_dot_product")) or (
+            name.startswith("aten::") and "flash_attention" in name):
+        return "attention"
+    return "other"
+
+
+def step_time_split(model, batch: dict, steps: int = 2) -> dict:
+    """Fractions of a training step's self CPU time (forward, backward, optimizer step, as `_train_step_fn` runs
+    them) spent in GEMMs, in attention and in everything else (`op_category`), from torch.profiler over `steps`
+    steps after one unprofiled; they sum to 1. `total_s` is the profiled self CPU time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=True if next(model.parameters()).device.type in ("cpu", "cuda") else None)
+    model.train()
+
+    def one_step():
+        optimizer.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        optimizer.step()
+
+    one_step()  # unprofiled: the new optimizer allocates its state here
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            one_step()
+    times = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        times[op_category(event.key)] += event.self_cpu_time_total
+    total = sum(times.values())
+    return {**{key: value / total for key, value in times.items()}, "total_s": total / 1e6 / steps}
+
+
 def compare_training(size: str, attn: str, padded: bool, rounds: int, steps: int,
-                     prepare_vaswani: Callable | None = None) -> Comparison:
-    marian, vaswani = build_pair(size)
+                     prepare_vaswani: Callable | None = None, dropout: float = 0.1) -> Comparison:
+    """Training tokens/s of both contenders, then the time split of each one's step (`step_time_split`)."""
+    marian, vaswani = build_pair(size, dropout=dropout)
     for model in (marian, vaswani):
         model.set_attn_implementation(attn)
     if prepare_vaswani is not None:
@@ -194,7 +249,9 @@ def compare_training(size: str, attn: str, padded: bool, rounds: int, steps: int
     rates = _measure(
         {"marian": _train_step_fn(marian, batch, steps), "vaswani": _train_step_fn(vaswani, batch, steps)}, rounds
     )
-    return Comparison.of(f"train {size} {attn} {'padded' if padded else 'unpadded'}", "tokens/s", rates)
+    # after the timing, so that the profiler does not disturb it
+    split = {"marian": step_time_split(marian, batch), "vaswani": step_time_split(vaswani, batch)}
+    return Comparison.of(_training_name(size, attn, padded, dropout), "tokens/s", rates, split=split)
 
 
 def _generation_inputs(size: str, sentences: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -512,15 +569,20 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
             write_atomically(Path(output_dir) / "results.json", json.dumps(so_far, indent=2) + "\n")
 
     for size in sizes:
-        for attn in ("eager", "sdpa"):
-            for padded in (False, True):
-                c = compare_training(size, attn, padded, rounds, steps, prepare_vaswani)
-                comparisons.append(c)
-                log(format_row(c))
         flops = step_flops(size)
         tokens = SIZES[size]["batch"] * (SIZES[size]["source"] + SIZES[size]["target"])
-        unpadded_sdpa = next(c for c in comparisons if c.name == f"train {size} sdpa unpadded")
+        # the unpadded shapes; a padded row computes on the same padded tensors, so the same GEMMs are its ceiling
         ideal = ideal_step_seconds(size)
+        for dropout in (0.0, 0.1):
+            for attn in ("eager", "sdpa"):
+                for padded in (False, True):
+                    c = compare_training(size, attn, padded, rounds, steps, prepare_vaswani, dropout=dropout)
+                    counted = _step_tokens(make_batch(size, padded))  # the tokens the rates count: real ones only
+                    c.extra["ceiling_share"] = {  # the step's GEMMs alone over the step: 1 is the ceiling
+                        who: ideal / (counted / getattr(c, who).median) for who in ("marian", "vaswani")}
+                    comparisons.append(c)
+                    log(format_row(c))
+        unpadded_sdpa = next(c for c in comparisons if c.name == _training_name(size, "sdpa", False, 0.1))
         marian_step, vaswani_step = tokens / unpadded_sdpa.marian.median, tokens / unpadded_sdpa.vaswani.median
         efficiency[size] = {
             "step_gflop": flops / 1e9,
@@ -586,9 +648,23 @@ def _round_ratio_note(comparison: dict) -> str:
 def format_row(c: Comparison) -> str:
     as_dict = dict(marian=c.marian.__dict__, vaswani=c.vaswani.__dict__, round_ratio=c.round_ratios.__dict__,
                    rounds=c.extra["rounds"])
-    return (f"{c.name:<34} Marian {c.marian.median:>9.0f} [{c.marian.low:.0f}-{c.marian.high:.0f}]  "
+    return (f"{c.name:<40} Marian {c.marian.median:>9.0f} [{c.marian.low:.0f}-{c.marian.high:.0f}]  "
             f"vaswani {c.vaswani.median:>9.0f} [{c.vaswani.low:.0f}-{c.vaswani.high:.0f}] {c.unit}  "
-            f"x{c.ratio:.2f}  per round x{_round_ratio_note(as_dict)}  spread {_spread_note(as_dict)}")
+            f"x{c.ratio:.2f}  per round x{_round_ratio_note(as_dict)}  spread {_spread_note(as_dict)}"
+            + "".join(f"\n    {note}" for note in (_ceiling_note(c.extra), _split_note(c.extra)) if note))
+
+
+def _ceiling_note(extra: dict) -> str:
+    share = extra.get("ceiling_share")
+    return "" if share is None else f"ceiling share: marian {share['marian']:.0%}, vaswani {share['vaswani']:.0%}"
+
+
+def _split_note(extra: dict) -> str:
+    split = extra.get("split")
+    if split is None:
+        return ""
+    return "; ".join(f"{who} split GEMM {s['gemm']:.0%} / attention {s['attention']:.0%} / other {s['other']:.0%}"
+                     for who, s in split.items())
 
 
 def format_gain(g: Gain) -> str:
@@ -639,8 +715,8 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
         lines.append(f"| {c['name']} ({c['unit']}) | {m['median']:.0f} [{m['low']:.0f}-{m['high']:.0f}] | "
                      f"{v['median']:.0f} [{v['low']:.0f}-{v['high']:.0f}] | {c['ratio']:.2f} | "
                      f"{_round_ratio_note(c)} | {_spread_note(c)} |")
-    ceilings = [(f"train {size} sdpa unpadded (step)", e["ideal_step_s_at_own_gemm_rates"], e["marian_step_s"],
-                 e["vaswani_step_s"]) for size, e in results.get("efficiency", {}).items()]
+    ceilings = [(f"train {size} sdpa unpadded dropout 0.1 (step)", e["ideal_step_s_at_own_gemm_rates"],
+                 e["marian_step_s"], e["vaswani_step_s"]) for size, e in results.get("efficiency", {}).items()]
     ceilings += [(f"generate {size} sdpa {key} (call)", g["ideal_s_at_own_gemm_rates"], g["marian_s"], g["vaswani_s"])
                  for size, e in results.get("efficiency", {}).items()
                  for key, g in ((k[len("generate_"):], v) for k, v in e.items() if k.startswith("generate_"))]
@@ -649,6 +725,19 @@ def write_outputs(results: dict, output_dir: str | Path) -> list[Path]:
                   "ceiling: Marian / GEMMs alone |", "|---|---|---|---|---|"]
         lines += [f"| {name} | {ideal:.3f} | {marian:.3f} | {mine:.3f} | {marian / ideal:.2f} |"
                   for name, ideal, marian, mine in ceilings]
+    training = [c for c in results["comparisons"] if "ceiling_share" in c or "split" in c]
+    if training:
+        lines += ["", "Training steps against their ceiling (the step's GEMMs alone at the fastest library's rate: "
+                  "1 is the ceiling) and the split of each step's self CPU time (torch.profiler):", "",
+                  "| training row | Marian: share of ceiling | vaswani: share of ceiling | "
+                  "Marian split GEMM / attention / other | vaswani split GEMM / attention / other |",
+                  "|---|---|---|---|---|"]
+        for c in training:
+            share, split = c.get("ceiling_share", {}), c.get("split", {})
+            cells = [f"{share[who]:.0%}" if who in share else "-" for who in ("marian", "vaswani")]
+            cells += [" / ".join(f"{split[who][k]:.0%}" for k in ("gemm", "attention", "other")) if who in split
+                      else "-" for who in ("marian", "vaswani")]
+            lines.append(f"| {c['name']} | " + " | ".join(cells) + " |")
     if "fast_paths" in results:
         lines += ["", *fast_path_table(results["fast_paths"])]
     write_atomically(out / "results.md", "\n".join(lines) + "\n")

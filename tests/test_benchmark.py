@@ -77,7 +77,19 @@ def test_quick_run_end_to_end(tmp_path):
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["comparisons"] == json.loads(json.dumps(results["comparisons"]))
     names = {c["name"] for c in written["comparisons"]}
-    assert "generate quick sdpa greedy" in names and "train quick eager padded" in names
+    assert "generate quick sdpa greedy" in names and "train quick eager padded dropout 0.1" in names
+    training = [c for c in written["comparisons"] if c["name"].startswith("train")]
+    assert {c["name"] for c in training} == {f"train quick {attn} {padded} dropout {dropout}" for dropout in (
+        "0", "0.1") for attn in ("eager", "sdpa") for padded in ("unpadded", "padded")}
+    ideal = written["efficiency"]["quick"]["ideal_step_s_at_own_gemm_rates"]
+    for c in training:  # each contender: its share of the ceiling (over the real tokens' step), its split three ways
+        tokens = benchmark._step_tokens(benchmark.make_batch("quick", padded="padded" in c["name"].split()))
+        for who in ("marian", "vaswani"):
+            assert 0 < c["ceiling_share"][who] < math.inf
+            assert c["ceiling_share"][who] == pytest.approx(ideal / (tokens / c[who]["median"]))
+            split = c["split"][who]
+            assert split["gemm"] > 0 and split["attention"] > 0 and split["other"] > 0
+            assert split["gemm"] + split["attention"] + split["other"] == pytest.approx(1)
     assert all(c["identical_outputs"] for c in written["comparisons"] if c["name"].startswith("generate"))
     assert all(c["marian"]["median"] > 0 and c["vaswani"]["median"] > 0 for c in written["comparisons"])
     for c in written["comparisons"]:  # one round (--quick): the per-round ratio is the ratio itself
@@ -95,6 +107,7 @@ def test_quick_run_end_to_end(tmp_path):
         quick["marian_step_s"] / quick["ideal_step_s_at_own_gemm_rates"])
     table = (tmp_path / "results.md").read_text()
     assert "| generate quick sdpa beam5 (call) |" in table and "ceiling: Marian / GEMMs alone" in table
+    assert "| train quick sdpa padded dropout 0 | " in table and "vaswani split GEMM / attention / other" in table
     # the fast paths section (--quick runs it): each path, then all of them, on the three workloads
     from vaswani.fast_paths_vaswani import FAST_PATHS
 
@@ -153,8 +166,8 @@ def test_an_interrupted_benchmark_keeps_the_rows_it_measured(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(benchmark, "matmul_peak_gflops", lambda n: 50.0)
-    monkeypatch.setattr(benchmark, "compare_training", lambda size, attn, padded, *rest: measured(
-        f"train {size} {attn} {'padded' if padded else 'unpadded'}"))
+    monkeypatch.setattr(benchmark, "compare_training", lambda size, attn, padded, *rest, dropout: measured(
+        benchmark._training_name(size, attn, padded, dropout)))
     monkeypatch.setattr(benchmark, "ideal_step_seconds", lambda size: 0.01)
     monkeypatch.setattr(benchmark, "compare_generation", lambda size, attn, beams, rounds: measured(
         benchmark._generation_name(size, attn, beams)))
@@ -163,7 +176,8 @@ def test_an_interrupted_benchmark_keeps_the_rows_it_measured(tmp_path, monkeypat
     folder = tmp_path / "results" / "new"
     with pytest.raises(KeyboardInterrupt):
         benchmark.main(["--quick", "--output_dir", str(folder), "--threads", "1"])
-    names = [f"train quick {attn} {padded}" for attn in ("eager", "sdpa") for padded in ("unpadded", "padded")]
+    names = [f"train quick {attn} {padded} dropout {dropout}" for dropout in ("0", "0.1") for attn in ("eager", "sdpa")
+             for padded in ("unpadded", "padded")]
     names += ["generate quick sdpa greedy", "generate quick sdpa beam 5"]
     written = json.loads((folder / "results.json").read_text())
     assert [c["name"] for c in written["comparisons"]] == names
@@ -273,6 +287,26 @@ def _gemm_flops(run) -> int:
     with Count():
         run()
     return Count.flops
+
+
+def test_profiler_ops_are_sorted_into_gemm_attention_and_other():
+    expected = {"aten::mm": "gemm", "aten::addmm": "gemm", "mkldnn::_linear_pointwise": "gemm",
+                "aten::bmm": "attention", "aten::baddbmm": "attention", "aten::_softmax": "attention",
+                "aten::_softmax_backward_data": "attention", "aten::softmax": "attention",
+                "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+                "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
+                "aten::masked_fill": "attention", "aten::add": "other", "aten::linear": "other",
+                "aten::matmul": "other", "aten::native_layer_norm": "other", "aten::embedding": "other",
+                "aten::log_softmax": "other", "aten::_log_softmax_backward_data": "other",  # the loss's
+                "SoftmaxBackward0": "other", "autograd::engine::evaluate_function: BmmBackward0": "other"}
+    assert {name: benchmark.op_category(name) for name in expected} == expected
+
+
+def test_step_time_split_sums_to_one():
+    _, vaswani = benchmark.build_pair("quick", dropout=0.0)
+    split = benchmark.step_time_split(vaswani, benchmark.make_batch("quick", padded=True))
+    assert min(split["gemm"], split["attention"], split["other"]) > 0 and split["total_s"] > 0
+    assert split["gemm"] + split["attention"] + split["other"] == pytest.approx(1)
 
 
 def test_training_gemm_shapes_are_the_ones_the_model_runs():
