@@ -25,8 +25,8 @@ With `output_attentions=True` under eager, the dense (B, H, Tq, Tk) weights of t
 it; linear attention's implied weights phi(q_i) phi(k_j) / sum): O(n^2), for plots of short inputs.
 
 Cached decoding: `self_attention_cache` gives the decoder's self-attention cache of each pattern: a rolling window of
-`attention_window - 1` positions (local), each layer's running sums S and z (linear), or all keys (full and
-block-sparse, whose step reads only the globals and the two blocks it sees).
+`attention_window - 1` positions (local), each layer's running sums S and z (linear), the global positions and the
+last two blocks (block-sparse: what its step reads, constant in the length), or all keys (full).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -112,11 +112,15 @@ def _scatter_dense(weights: torch.Tensor, key_index: torch.Tensor, key_length: i
 
 
 def _one_query(module, query, key, value, attention_mask, seen: torch.Tensor, scaling: float, dropout: float,
-               **kwargs):
-    """One decoding step against the keys at the (sorted) indices `seen`, the last of them its own."""
-    key_length = key.shape[2]
+               total: int | None = None, **kwargs):
+    """One decoding step against the keys at the (sorted) positions `seen`, the last of them its own. `key` holds
+    every position, or (a cache that keeps only what a step sees: `total` positions so far) exactly the `seen` ones."""
+    key_length = key.shape[2] if total is None else total
     contiguous = seen.numel() == 0 or int(seen[-1] - seen[0]) + 1 == seen.numel()
-    pick = (lambda x: x[:, :, int(seen[0]):]) if contiguous else (lambda x: x.index_select(2, seen))
+    if key.shape[2] == seen.numel():
+        pick = (lambda x: x)
+    else:
+        pick = (lambda x: x[:, :, int(seen[0]):]) if contiguous else (lambda x: x.index_select(2, seen))
     mask = _key_padding(attention_mask, query, key_length).index_select(1, seen)
     mask = (mask | (seen == key_length - 1))[:, None, None, :]  # a query always sees itself
     out, weights = _softmax_attention(module, query, pick(key), pick(value), mask, scaling, dropout)
@@ -187,14 +191,15 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     position from 0 (a full cache), the queries the last Tq of them."""
     config = module.config
     block, causal = config.sparse_block_size, module.is_causal
-    globals_ = min(config.sparse_global_tokens, key.shape[2])
     query_length = query.shape[2]
+    if causal and query_length == 1:  # a decoding step: the globals, the previous block and its own, up to itself
+        layer = _layer(kwargs.get("linear_state"), module)
+        total = layer.get_seq_length() if isinstance(layer, BlockSparseLayer) else key.shape[2]
+        seen = torch.arange(total, device=query.device)[_seen_by_step(total - 1, block, config.sparse_global_tokens)]
+        return _one_query(module, query, key, value, attention_mask, seen, scaling, dropout, total=total, **kwargs)
+    globals_ = min(config.sparse_global_tokens, key.shape[2])
     key_length = key.shape[2]
     position = key_length - query_length  # of the first query
-    if causal and query_length == 1:  # a decoding step: the globals, the previous block and its own, up to itself
-        start = 0 if position < globals_ else max(position // block - 1, 0) * block
-        seen = torch.cat((torch.arange(min(globals_, start)), torch.arange(start, key_length))).to(query.device)
-        return _one_query(module, query, key, value, attention_mask, seen, scaling, dropout, **kwargs)
     lead = position % block  # queries before it in its block
     count = math.ceil((lead + query_length) / block)
     span = (2 if causal else 3) * block
@@ -245,6 +250,76 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
         if dense is not None:
             dense = torch.cat((global_weights, dense[:, :, global_queries:]), dim=2)
     return out.transpose(1, 2).contiguous(), dense
+
+
+def _seen_by_step(position: int, block: int, global_tokens: int) -> slice | torch.Tensor:
+    """What a block-sparse decoding step at `position` sees of positions 0..position: the global positions, the
+    previous block and its own block up to itself (an index into arange(position + 1))."""
+    start = 0 if position < global_tokens else max(position // block - 1, 0) * block
+    if start <= global_tokens:
+        return slice(None)
+    return torch.cat((torch.arange(global_tokens), torch.arange(start, position + 1)))
+
+
+def _layer(cache: Cache | None, module):
+    """The layer of `cache` that belongs to `module` (None without a cache)."""
+    if cache is None or module.layer_idx >= len(cache.layers):
+        return None
+    return cache.layers[module.layer_idx]
+
+
+class BlockSparseLayer(DynamicLayer):
+    """The block-sparse decoder's cache layer: the global positions and the keys from the start of the block before
+    the newest one, exactly what the next decoding step sees; at most `sparse_global_tokens + 2 * sparse_block_size`
+    positions, whatever the length. A forward of several new tokens needs every earlier key: it is taken while
+    nothing has been dropped (the first forward), refused after."""
+
+    is_croppable = False
+
+    def __init__(self, block_size: int, global_tokens: int, **kwargs):
+        super().__init__()
+        self.block_size, self.global_tokens = block_size, global_tokens
+        self.cumulative_length = 0  # positions seen, the dropped ones included
+        self.kept_positions = torch.zeros(0, dtype=torch.long)  # which positions the stored keys are
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        new = key_states.shape[-2]
+        if new > 1 and self.kept_positions.numel() < self.cumulative_length:
+            raise ValueError(f"a block-sparse decoder's cache keeps only what a one-token step sees (the "
+                             f"{self.global_tokens} global positions and the last two blocks of {self.block_size}); "
+                             f"{new} new tokens at once need every earlier key: feed one token at a time after the "
+                             "first forward, or pass a DynamicCache")
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self.kept_positions = torch.cat((self.kept_positions, torch.arange(self.cumulative_length,
+                                                                           self.cumulative_length + new)))
+        self.cumulative_length += new
+        # keep what the next step (at position cumulative_length) will see
+        start = 0 if self.cumulative_length < self.global_tokens else \
+            max(self.cumulative_length // self.block_size - 1, 0) * self.block_size
+        keep = (self.kept_positions < min(self.global_tokens, start)) | (self.kept_positions >= start)
+        if not bool(keep.all()):
+            index = keep.nonzero().squeeze(1).to(self.keys.device)
+            self.keys, self.values = self.keys.index_select(-2, index), self.values.index_select(-2, index)
+            self.kept_positions = self.kept_positions[keep]
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[-2] + query_length if self.keys is not None else query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return self.global_tokens + 2 * self.block_size
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = 0
+        self.kept_positions = torch.zeros(0, dtype=torch.long)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a block-sparse decoder's cache has dropped the positions a crop would return to "
+                                  "(assisted decoding); pass a DynamicCache")
 
 
 def _feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -466,8 +541,9 @@ class PatternCache(DynamicCache):
 
 
 def self_attention_cache(config, cache_implementation: str | None = None) -> Cache:
-    """The decoder's self-attention cache for its pattern: a rolling window (local), running sums (linear), or
-    every key (full, block-sparse). A static cache (`cache_implementation`) holds full attention's keys only."""
+    """The decoder's self-attention cache for its pattern: a rolling window (local), running sums (linear), the
+    globals and the last two blocks (block-sparse; every key under flex attention, whose block mask covers them), or
+    every key (full). A static cache (`cache_implementation`) holds full attention's keys only."""
     pattern = config.decoder_attention_pattern
     if pattern != "full" and cache_implementation not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={cache_implementation!r} holds full attention's keys; "
@@ -478,12 +554,16 @@ def self_attention_cache(config, cache_implementation: str | None = None) -> Cac
                              for _ in range(config.decoder_layers)])
     if pattern == "linear":
         return PatternCache([LinearAttentionState() for _ in range(config.decoder_layers)])
+    if pattern == "block_sparse" and config._attn_implementation != "flex_attention":  # flex's block mask reads all
+        return PatternCache([BlockSparseLayer(config.sparse_block_size, config.sparse_global_tokens)
+                             for _ in range(config.decoder_layers)])
     return DynamicCache(config=config)
 
 
 __all__ = [
     "BACKENDS",
     "PATTERNS",
+    "BlockSparseLayer",
     "LinearAttentionState",
     "PatternCache",
     "RollingWindowLayer",

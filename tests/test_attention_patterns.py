@@ -17,6 +17,7 @@ from helpers import make_model, padded_batch
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.attention_patterns_vaswani import (
+    BlockSparseLayer,
     LinearAttentionState,
     RollingWindowLayer,
     block_sparse_attention,
@@ -232,8 +233,9 @@ def test_incremental_decoding_equals_full_forward(pattern):
         assert isinstance(layer, RollingWindowLayer) and layer.keys.shape[2] == 1
     elif pattern == "linear":  # running sums, whatever the length
         assert isinstance(layer, LinearAttentionState) and layer.sums.shape == (2, 4, 4, 4)
-    else:
-        assert layer.keys.shape[2] == 12
+    else:  # the global position 0 and the block 9-11 that the next step (position 12) sees
+        assert isinstance(layer, BlockSparseLayer) and layer.keys.shape[2] == 4 and layer.get_seq_length() == 12
+        assert layer.kept_positions.tolist() == [0, 9, 10, 11]
 
 
 @pytest.mark.parametrize("pattern", ["local", "block_sparse"])
@@ -280,6 +282,41 @@ def test_local_decoder_cache_stays_within_the_window(window):
     model.register_forward_hook(lambda m, args, out: seen.append(out.cache.self_attention_cache.layers[1].keys.shape[2]))
     model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=20, min_new_tokens=20)
     assert max(seen) == window - 1 and len(seen) == 20
+
+
+@pytest.mark.parametrize("block,globals_", [(3, 1), (4, 0), (2, 5)])
+def test_block_sparse_decoder_cache_holds_the_globals_and_two_blocks(block, globals_):
+    """Constant memory: after every step the cache holds what the next step sees (the globals, the previous block,
+    the current one), at most globals + 2 blocks; the tokens equal those of a run whose cache keeps every key."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    model = make_model(_config("block_sparse", sparse_block_size=block, sparse_global_tokens=globals_)).double()
+    sizes = []
+    hook = model.register_forward_hook(lambda m, args, out: sizes.append(
+        (out.cache.self_attention_cache.layers[1].keys.shape[2], out.cache.get_seq_length())))
+    source = torch.tensor([[5, 6, 7, 8]])
+    tokens = model.generate(input_ids=source, max_new_tokens=30, min_new_tokens=30)
+    hook.remove()
+    every_key = model.generate(input_ids=source, max_new_tokens=30, min_new_tokens=30,
+                               cache=EncoderDecoderCache(DynamicCache(), DynamicCache()))
+    assert torch.equal(tokens, every_key)
+    for kept, seen in sizes:  # the next step at position `seen` sees [0, min(g, start)) and [start, seen]
+        start = 0 if seen < globals_ else max(seen // block - 1, 0) * block
+        assert kept == min(globals_, start) + seen - start
+    assert max(kept for kept, _ in sizes) <= globals_ + 2 * block and sizes[-1][1] == 30
+
+
+def test_block_sparse_decoder_cache_refuses_several_tokens_after_dropping_keys():
+    model = make_model(_config("block_sparse", sparse_block_size=2, sparse_global_tokens=0)).double()
+    encoder_outputs = model.get_encoder()(input_ids=torch.tensor([[5, 6, 7]]))
+    first = model(encoder_outputs=encoder_outputs, decoder_input_ids=torch.tensor([[2, 5, 6, 7, 8, 9]]), use_cache=True)
+    layer = first.cache.self_attention_cache.layers[0]
+    assert layer.kept_positions.tolist() == [4, 5]  # the first forward took every key, then kept the last 2 blocks
+    with pytest.raises(ValueError, match="feed one token at a time after the first forward"):
+        model(encoder_outputs=encoder_outputs, decoder_input_ids=torch.tensor([[10, 11]]), cache=first.cache,
+              use_cache=True)
+    with pytest.raises(NotImplementedError, match="pass a DynamicCache"):
+        layer.crop(1)
 
 
 def test_backend_that_cannot_run_a_pattern_names_one_that_can():
