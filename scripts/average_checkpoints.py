@@ -1,8 +1,8 @@
-"""`python scripts/average_checkpoints.py ARGS` is `vaswani-average ARGS` (vaswani.training.cli.average_main)."""
+"""`python scripts/average_checkpoints.py ARGS` is `vaswani-average ARGS` (vaswani.training.average.main)."""
 
 import sys
 
-from vaswani.training.cli import average_main
+from vaswani.training.average import main
 
 if __name__ == "__main__":
-    sys.exit(average_main())
+    sys.exit(main())

@@ -89,3 +89,24 @@ def test_keep_last_k(tmp_path):
 def test_empty_dir_has_no_checkpoint(tmp_path):
     assert latest_valid_checkpoint(tmp_path) is None
     assert latest_valid_checkpoint(tmp_path / "missing") is None
+
+
+def test_write_best_replaces_the_folder_through_a_temporary_one(tmp_path):
+    from vaswani.training.checkpoints import BEST_DIR, write_best
+
+    class Model:
+        def __init__(self, value):
+            self.value = value
+
+        def save_pretrained(self, folder):
+            folder.mkdir()
+            save_file({"w": torch.full((4,), self.value)}, str(folder / "model.safetensors"))
+
+    (tmp_path / f".tmp-{BEST_DIR}").mkdir()  # a leftover of an interrupted write
+    (tmp_path / f".tmp-{BEST_DIR}" / "junk").write_text("x")
+    assert write_best(Model(1.0), tmp_path) == tmp_path / BEST_DIR
+    write_best(Model(2.0), tmp_path)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(tmp_path / BEST_DIR / "model.safetensors"))["w"], torch.full((4,), 2.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [BEST_DIR]

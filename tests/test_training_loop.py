@@ -118,6 +118,9 @@ def test_model_card_front_matter(trained):
     assert results == {"wer": round(metrics["dev"]["wer"], 2), "per": round(metrics["dev"]["per"], 2)}
     assert "| d_model | 16 |" in card.text and "| label_smoothing | 0.1 |" in card.text
     assert "{{" not in card.text and "CMU Pronouncing Dictionary" in card.text
+    # the optimizer the run built and its schedule, in words
+    assert "| optimizer | Adam(0.9, 0.98, eps 1e-9) |" in card.text
+    assert "| schedule | linear warmup, then linear decay to zero over the run's budget |" in card.text
 
 
 def test_model_card_rejects_unknown_license_and_tag():
@@ -626,8 +629,11 @@ def test_missing_train_file_is_a_clear_error(capsys):
         (["--push_to_hub"], "--push_to_hub needs --hub_model_id"),
         (["--tokenizer", "no/such/dir"], "is not a folder"),
         (["--label_smoothing", "1.5"], "must be in [0, 1)"),
-        (["--average_last", "3"], "pass --keep_last 3 or more (now 2)"),
+        (["--average_last", "3"], "--average_last 3 averages the last 3 checkpoints: keep that many (--keep_last 2)"),
         (["--average_last", "0"], "--average_last 0 must be >= 1"),
+        (["--ema_decay", "1"], "--ema_decay 1.0 must be in [0, 1)"),
+        (["--max_tokens", "0"], "--max_tokens 0 must be >= 1"),
+        (["--mixed_precision", "auto", "--lr", "-1"], "--lr -1.0 must be > 0"),
     ],
 )
 def test_bad_arguments_are_clear_errors(args, message, capsys):

@@ -29,3 +29,20 @@ def test_deadline_with_fake_clock():
 def test_format_duration():
     assert [format_duration(s) for s in (0, 44.6, 60, 725, 3600, 4020, -3)] == \
         ["0s", "45s", "1m00s", "12m05s", "1h00m", "1h07m", "0s"]
+
+
+def test_forecast_end_takes_the_first_of_the_fixed_ends_and_the_clock():
+    from vaswani.training.time_budget import forecast_end
+
+    # 100 updates in 50 s (0.5 s each): 600 s left reach 1,200 more updates, past max_steps 1,000
+    assert forecast_end(100, 100, 50.0, [1000], seconds_left=600.0) == (1000, 450.0)
+    # 100 s left: 200 more updates, before max_steps
+    assert forecast_end(100, 100, 50.0, [1000], seconds_left=100.0) == (300, 100.0)
+    # a resumed invocation: its own pace (20 updates in 20 s since step 500), the run's step
+    assert forecast_end(520, 20, 20.0, [], seconds_left=30.0) == (550, 30.0)
+    # out of time: the end is now, never before the current step
+    assert forecast_end(100, 100, 50.0, [1000], seconds_left=-5.0) == (100, 0.0)
+    assert forecast_end(1200, 10, 5.0, [1000]) == (1200, 0.0)  # resumed past a lowered max_steps
+    # before the first update the pace is unknown: the fixed end only, no seconds
+    assert forecast_end(0, 0, 3.0, [1000], seconds_left=600.0) == (1000, None)
+    assert forecast_end(0, 0, 3.0, [], seconds_left=600.0) == (None, None)

@@ -143,6 +143,18 @@ def save_checkpoint(
     return final
 
 
+def write_best(model, output_dir: str | Path) -> Path:
+    """Write `model` (`save_pretrained`) as `output_dir/best`, replacing the folder there: written to a temporary
+    folder first, so an interruption leaves the previous best whole or the new one in place of it."""
+    final = Path(output_dir) / BEST_DIR
+    tmp = final.with_name(f".tmp-{BEST_DIR}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
 def _numbered(output_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of every `checkpoint-<step>` folder in `output_dir`, oldest first (none if it does not exist)."""
     if not output_dir.is_dir():

@@ -1,6 +1,6 @@
-"""The command lines `vaswani-train` (`main`: arguments -> data, tokenizer, config -> `loop.train` -> the model
-folder) and `vaswani-average` (`average_main`: the mean of a finished run's last checkpoints, as a model folder).
-`python scripts/train.py` and `python scripts/average_checkpoints.py` are the same commands.
+"""The command line `vaswani-train` (`main`: arguments -> data, tokenizer, config -> `loop.train` -> the model
+folder); `python scripts/train.py` is the same command. `vaswani-average` is in `average.py`; what the model card
+says of the optimizer and schedule, in `model_card.py`.
 
 With no arguments `vaswani-train` trains the default G2P model on the shipped CMUdict split. Model hyperparameters
 come from the config only (`--preset`, or the config of the `--init_from` model, plus `--config_overrides`); the
@@ -45,9 +45,6 @@ G2P_NEW_WORDS = ["VASWANI", "HUGGINGFACE", "TOKENIZER", "PYTORCH", "SMARTPHONE",
 # the shipped file, alone and as one line.
 SHOWN = {"g2p": G2P_NEW_WORDS, "g2p-paragraph": [f" {WORD_BOUNDARY} ".join(G2P_NEW_WORDS)]}
 
-SCHEDULE_TEXT = {"inverse_sqrt": "linear warmup, then inverse square root",
-                 "linear": "linear warmup, then linear decay to zero over the run's budget",
-                 "cosine": "linear warmup, then cosine decay to zero over the run's budget"}
 _SETTING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
 
 
@@ -217,13 +214,6 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
             parse_duration(args.time_budget)
         except ValueError as error:
             parser.error(f"--time_budget: {error}")
-    if not 0 <= args.ema_decay < 1:
-        parser.error(f"--ema_decay {args.ema_decay} must be in [0, 1) (0: no weight averaging)")
-    if args.average_last < 1:
-        parser.error(f"--average_last {args.average_last} must be >= 1 (1: export the best checkpoint)")
-    if args.average_last > args.keep_last:
-        parser.error(f"--average_last {args.average_last} averages that many checkpoints: pass --keep_last "
-                     f"{args.average_last} or more (now {args.keep_last})")
     if not 0 <= args.label_smoothing < 1:
         parser.error(f"--label_smoothing {args.label_smoothing} must be in [0, 1)")
     try:
@@ -252,6 +242,10 @@ def parse_args(argv=None):
         if getattr(args, key) is None and not (key == "preset" and args.init_from is not None):
             setattr(args, key, value)
     _check_args(parser, args)
+    try:
+        make_settings(args).validate(as_flags=True)  # the settings' own rules, named by their flags
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -275,7 +269,8 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
     and metrics.json into `args.output_dir`, print the dev figures, push if asked; returns the metrics."""
     from .evaluation import generate_texts
     from .export import push_folder, write_model_folder
-    from .model_card import build_model_card
+    from .model_card import build_model_card, describe_optimizer, describe_schedule
+    from .schedule import make_optimizer
 
     output_dir = Path(args.output_dir)
     model = result.model
@@ -293,9 +288,10 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
     n_settings = {k: v for k, v in settings_dict(settings).items()
                   if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
                            "mixed_precision", "num_beams", "eval_subset", "ema_decay", "average_last")}
-    optimizer = (f"AdamW(0.9, 0.98, eps 1e-9, weight decay {settings.weight_decay})" if settings.weight_decay
-                 else "Adam(0.9, 0.98, eps 1e-9)")  # what schedule.make_optimizer builds
-    n_settings.update(num_processes=num_processes, optimizer=optimizer, schedule=SCHEDULE_TEXT[settings.schedule])
+    # the optimizer the run built (a finished run's average, which builds none: the same builder's, from its settings)
+    optimizer = result.optimizer or describe_optimizer(make_optimizer(model, settings.lr,
+                                                                      weight_decay=settings.weight_decay))
+    n_settings.update(num_processes=num_processes, optimizer=optimizer, schedule=describe_schedule(settings.schedule))
     summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
                f"{result.train_seconds / 60:.1f} minutes on {num_processes} process(es) "
                f"({device}), about {result.target_tokens_per_second:.0f} target tokens/s; "
@@ -454,80 +450,3 @@ def _run_config(args, tokenizer, accelerator):
                       f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, "
                       f"{torch.get_num_threads()} thread(s) each")
     return config
-
-
-def _average_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vaswani-average",
-        description="Average the weights of the last K checkpoints of a finished vaswani-train run (the paper's "
-                    "checkpoint averaging), evaluate the average on the full dev set and write it as a Hub-ready "
-                    "model folder (model, tokenizer, code, model card with the dev figures of the average).")
-    parser.add_argument("run_dir", help="the --output_dir of a finished vaswani-train run")
-    parser.add_argument("--last", type=int, required=True, help="how many of the newest checkpoints to average")
-    parser.add_argument("--output_dir", help="the new model folder (default: RUN_DIR-avgK)")
-    parser.add_argument("--num_beams", type=int, help="beam size of the evaluation (default: the run's)")
-    parser.add_argument("--push_to_hub", action="store_true")
-    parser.add_argument("--hub_model_id")
-    parser.add_argument("--hub_private", action="store_true")
-    return parser
-
-
-def average_main(argv=None) -> int:
-    """`vaswani-average`: 0 once the new folder is written; bad arguments end with one line on stderr (status 2)."""
-    average_run(argv)
-    return 0
-
-
-def average_run(argv=None) -> dict:
-    """The end product of a finished run, from the mean of its last K checkpoints.
-
-    The run's own settings (training_args.json), data, tokenizer and generation config; only the weights differ.
-    Writes a new Hub-ready folder (never the run's own) and returns its metrics.
-    """
-    parser = _average_parser()
-    options = parser.parse_args(argv)
-    run = Path(options.run_dir)
-    missing = [name for name in ("training_args.json", "metrics.json") if not (run / name).is_file()]
-    if missing:
-        parser.error(f"{run} has no {' or '.join(missing)}: pass the --output_dir of a vaswani-train run that "
-                     "finished")
-    output_dir = Path(options.output_dir or f"{str(run).rstrip('/')}-avg{options.last}")
-    if output_dir.resolve() == run.resolve():
-        parser.error("--output_dir must differ from the run's folder, which keeps its own model")
-    if options.push_to_hub and not options.hub_model_id:
-        parser.error("--push_to_hub needs --hub_model_id (e.g. your-name/vaswani-g2p)")
-
-    logging.basicConfig(level=logging.WARNING)
-    from vaswani import VaswaniTokenizer
-
-    from .evaluation import describe_final, final_evaluation
-    from .loop import TrainingResult
-
-    args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
-    args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
-    args.push_to_hub, args.hub_model_id, args.hub_private = options.push_to_hub, options.hub_model_id, options.hub_private
-    if options.num_beams:
-        args.num_beams = options.num_beams
-    settings = make_settings(args)
-    data = task_data(args)
-    state_dir = run / CHECKPOINT_DIR
-    tokenizer = VaswaniTokenizer.from_pretrained(args.tokenizer or state_dir / "tokenizer")
-    print(f"averaging the weights of the last {options.last} checkpoints of {run}, then evaluating them on the "
-          f"{len(data.dev_sources)} dev sources (beam {settings.num_beams})")
-    try:
-        model, dev = final_evaluation(state_dir, tokenizer, data, num_beams=settings.num_beams,
-                                      batch_size=settings.eval_batch_size, average_last=options.last,
-                                      attn_implementation=settings.attn_implementation)
-    except ValueError as error:
-        parser.error(str(error))
-    print(describe_final(dev, len(data.dev_sources)))
-    ran = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-    result = TrainingResult(step=ran["steps"], epoch=ran["epochs_completed"], best_step=ran["best_step"], dev=dev,
-                            history=ran["history"], train_seconds=ran["train_seconds"],
-                            target_tokens_per_second=ran["target_tokens_per_second"], stopped_by=ran["stopped_by"],
-                            model=model, averaged_steps=dev["averaged_steps"])
-    return export_run(args, settings, data, tokenizer, result, ran["num_processes"], ran.get("device", "cpu"))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -57,7 +57,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,12 +64,13 @@ from pathlib import Path
 import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
-from .checkpoints import BEST_DIR, CHECKPOINT_DIR, latest_valid_checkpoint, save_checkpoint
+from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, save_checkpoint, write_best
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation
+from .model_card import describe_optimizer
 from .schedule import SCHEDULES, make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
-from .time_budget import Deadline, format_duration
+from .time_budget import Deadline, forecast_end, format_duration
 from .train_state import load_training_state, save_training_state
 from .warm_start import warm_start
 
@@ -124,38 +124,43 @@ class TrainingSettings:
     progress_bar: bool = True
     tensorboard: bool = True
 
-    def validate(self) -> None:
+    def validate(self, as_flags: bool = False) -> None:
+        """Raise ValueError naming the first setting out of range: as `name=value`, or as vaswani-train's flag
+        (`--name value`) with `as_flags`. The one place these rules live; vaswani-train calls it on its flags."""
+        def shown(name: str) -> str:
+            value = getattr(self, name)
+            return f"--{name} {value}" if as_flags else f"{name}={value!r}"
+
         for name in ("max_tokens", "grad_accum", "log_every", "eval_batch_size", "num_beams", "keep_last",
                      "warmup_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+                raise ValueError(f"{shown(name)} must be >= 1")
         for name in ("eval_every", "save_every", "eval_subset"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+                raise ValueError(f"{shown(name)} must be >= 0")
         if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps={self.max_steps} must be >= 1")
+            raise ValueError(f"{shown('max_steps')} must be >= 1")
         if self.max_steps is None and self.max_epochs is None and self.time_budget is None:
             raise ValueError("nothing ends the run: give max_steps, max_epochs or time_budget")
         if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
+            raise ValueError(f"{shown('lr')} must be > 0")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+            raise ValueError(f"{shown('schedule')}: choose one of {', '.join(SCHEDULES)}")
         if self.schedule != "inverse_sqrt" and self.max_steps is None and self.time_budget is None \
                 and self.max_epochs is None:
-            raise ValueError(f"schedule={self.schedule!r} decays to zero over the run: give max_steps, max_epochs "
+            raise ValueError(f"{shown('schedule')} decays to zero over the run: give max_steps, max_epochs "
                              "or time_budget")
         if self.clip_norm < 0:
-            raise ValueError(f"clip_norm={self.clip_norm} must be >= 0 (0 disables clipping)")
+            raise ValueError(f"{shown('clip_norm')} must be >= 0 (0 disables clipping)")
         if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"ema_decay={self.ema_decay} must be in [0, 1) (0 turns weight averaging off)")
+            raise ValueError(f"{shown('ema_decay')} must be in [0, 1) (0 turns weight averaging off)")
         if self.average_last < 1:
-            raise ValueError(f"average_last={self.average_last} must be >= 1 (1: keep the best checkpoint)")
+            raise ValueError(f"{shown('average_last')} must be >= 1 (1: keep the best checkpoint)")
         if self.average_last > 1 and (self.keep_last < self.average_last or self.save_every < 1):
-            raise ValueError(f"average_last={self.average_last} averages the last {self.average_last} checkpoints: "
-                             f"keep that many (keep_last={self.keep_last}) and save during the run "
-                             f"(save_every={self.save_every})")
+            raise ValueError(f"{shown('average_last')} averages the last {self.average_last} checkpoints: keep that "
+                             f"many ({shown('keep_last')}) and save during the run ({shown('save_every')})")
         if self.mixed_precision not in MIXED_PRECISIONS:
-            raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISIONS)}")
+            raise ValueError(f"{shown('mixed_precision')}: choose one of {', '.join(MIXED_PRECISIONS)}")
 
 
 @dataclass
@@ -171,6 +176,7 @@ class TrainingResult:
     model: object = None  # the unwrapped exported model (main process): the best, or the average
     averaged_steps: list | None = None  # average_last > 1: the steps of the checkpoints averaged
     already_finished: bool = False  # resumed after its stop: nothing trained, nothing evaluated (the export stands)
+    optimizer: str = ""  # the optimizer the run built, in the model card's words (`model_card.describe_optimizer`)
 
 
 def native_bf16(cpu: bool = False) -> bool:
@@ -459,12 +465,9 @@ class TrainingRun:
         ends = [settings.max_steps] if settings.max_steps is not None else []
         if settings.max_epochs is not None:
             ends.append(settings.max_epochs * math.ceil(len(self.loader) / settings.grad_accum))
-        done, elapsed = self.step - self.start_step, time.perf_counter() - self.start_time
-        per_step = elapsed / done if done > 0 else None
-        if self.deadline is not None and per_step:
-            ends.append(self.step + int(max(0.0, self.deadline.remaining() - self.final_reserve()) / per_step))
-        end = max(self.step, min(ends)) if ends else None
-        return end, (end - self.step) * per_step if end is not None and per_step else None
+        seconds_left = self.deadline.remaining() - self.final_reserve() if self.deadline is not None else None
+        return forecast_end(self.step, self.step - self.start_step, time.perf_counter() - self.start_time, ends,
+                            seconds_left)
 
     def progress(self, updates_done: int) -> float:
         """The fraction of the run's budget used before update `updates_done` + 1: the furthest of updates over
@@ -538,11 +541,7 @@ class TrainingRun:
         if best is not None and not (value > best["value"] if self.data.greater_is_better else value < best["value"]):
             return
         self.best = {"step": self.step, "value": value, "metric": self.data.metric}
-        tmp = self.checkpoint_dir / f".tmp-{BEST_DIR}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.evaluated.save_pretrained(tmp)
-        shutil.rmtree(self.checkpoint_dir / BEST_DIR, ignore_errors=True)
-        os.replace(tmp, self.checkpoint_dir / BEST_DIR)
+        write_best(self.evaluated, self.checkpoint_dir)
 
     def _log_evaluation(self, result: dict) -> None:
         metric = self.data.metric
@@ -610,7 +609,8 @@ class TrainingRun:
         return TrainingResult(step=self.step, epoch=self.epoch, best_step=self.best["step"] if self.best else None,
                               dev=dev, history=self.history, train_seconds=train_seconds,
                               target_tokens_per_second=self.total_tokens / train_seconds if train_seconds else 0.0,
-                              stopped_by=stopped_by, model=model, averaged_steps=dev.get("averaged_steps"))
+                              stopped_by=stopped_by, model=model, averaged_steps=dev.get("averaged_steps"),
+                              optimizer=describe_optimizer(self.optimizer))
 
     def _log_final(self, dev: dict) -> None:
         self.accelerator.print(describe_final(dev, len(self.data.dev_sources)))

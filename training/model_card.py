@@ -24,6 +24,31 @@ CMUDICT_TASKS = {"g2p": "CMUdict g014b2b (dev: 5% of train words by crc32)",
 _METRIC_NAMES = {"wer": "WER (%)", "per": "PER (%)", "bleu": "BLEU", "chrf": "chrF", "loss": "dev loss (NLL)"}
 
 
+SCHEDULE_TEXT = {"inverse_sqrt": "linear warmup, then inverse square root",
+                 "linear": "linear warmup, then linear decay to zero over the run's budget",
+                 "cosine": "linear warmup, then cosine decay to zero over the run's budget"}
+
+
+def describe_optimizer(optimizer) -> str:
+    """"Adam(0.9, 0.98, eps 1e-9)" or "AdamW(0.9, 0.98, eps 1e-9, weight decay 0.01)": the optimizer as built (an
+    Accelerate wrapper is looked through), read from its parameter groups, not from the flags."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    group = optimizer.param_groups[0]
+    (beta1, beta2), decay = group["betas"], max(g.get("weight_decay", 0.0) for g in optimizer.param_groups)
+    text = f"{type(optimizer).__name__}({beta1:g}, {beta2:g}, eps {_number(group['eps'])}"
+    return text + (f", weight decay {_number(decay)})" if decay else ")")
+
+
+def _number(value: float) -> str:
+    """1e-09 -> "1e-9", 0.01 -> "0.01"."""
+    return format(value, "g").replace("e-0", "e-")
+
+
+def describe_schedule(schedule: str) -> str:
+    """The learning-rate schedule in words, for the card."""
+    return SCHEDULE_TEXT[schedule]
+
+
 def check_metadata(license: str, pipeline_tag: str) -> None:
     if license not in LICENSES:
         raise ValueError(f"license={license!r} is not a Hub license id we accept; choose one of {LICENSES}")

@@ -54,6 +54,20 @@ class Deadline:
         return self.remaining() <= 0
 
 
+def forecast_end(step: int, steps_done: int, elapsed: float, ends: list[int],
+                 seconds_left: float | None = None) -> tuple[int | None, float | None]:
+    """(the step a run should end at, seconds of training left), at this invocation's pace (`steps_done` updates in
+    `elapsed` seconds, evaluations and saves included): the first of the fixed `ends` (max_steps, the last step of
+    max_epochs) and of the step that `seconds_left` of the budget reach. (None, None) while nothing says it; the
+    seconds are None until the pace is known."""
+    per_step = elapsed / steps_done if steps_done > 0 else None
+    ends = list(ends)
+    if seconds_left is not None and per_step:
+        ends.append(step + int(max(0.0, seconds_left) / per_step))
+    end = max(step, min(ends)) if ends else None
+    return end, (end - step) * per_step if end is not None and per_step else None
+
+
 def format_duration(seconds: float) -> str:
     """"45s", "12m05s", "1h07m": a duration as progress lines print it."""
     seconds = max(0, round(seconds))
