@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="strings always kept as single pieces")
     parser.add_argument("--normalization", default="identity",
                         help="SentencePiece normalization rule: identity (exact round trips) or nmt_nfkc")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the SentencePiece trainer's seed")
     parser.add_argument("--num_threads", type=int, default=1,
                         help="more is faster; the model is reproducible for a given thread count")
     return parser

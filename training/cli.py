@@ -154,7 +154,8 @@ def _add_training_arguments(t) -> None:
     t.add_argument("--weight_decay", type=float, default=_SETTING_DEFAULTS["weight_decay"])
     t.add_argument("--clip_norm", type=float, default=_SETTING_DEFAULTS["clip_norm"],
                    help="gradient norm clipping; 0 disables")
-    t.add_argument("--seed", type=int, default=_SETTING_DEFAULTS["seed"])
+    t.add_argument("--seed", type=int, default=_SETTING_DEFAULTS["seed"],
+                   help="seed of the weights, the batches and dropout")
     t.add_argument("--ema_decay", type=float, help="evaluate, keep and export an exponential moving average of the "
                                                    "weights with this decay (warmed up); 0: the raw weights "
                                                    f"({_by_task('ema_decay')})")

@@ -180,7 +180,7 @@ def _add_trainer_arguments(train) -> None:
     train.add_argument("--generation_num_beams", type=int, default=1, help="beams for evaluation")
     train.add_argument("--generation_max_length", type=int, default=None,
                        help="evaluation output limit in tokens (default: longest eval target + 10)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="Trainer's seed (data order, dropout)")
     train.add_argument("--report_to", default="none", help="none, tensorboard, ...")
     train.add_argument("--use_cpu", action="store_true", help="train on the CPU even when a GPU is present")
     train.add_argument("--disable_tqdm", action="store_true")
