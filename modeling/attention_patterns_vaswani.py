@@ -252,10 +252,16 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     return out.transpose(1, 2).contiguous(), dense
 
 
+def _first_local(position: int, block: int, global_tokens: int) -> int:
+    """The first position of the previous block of a block-sparse decoding step at `position` (0 while the step is a
+    global one): it sees the global positions and everything from here on."""
+    return 0 if position < global_tokens else max(position // block - 1, 0) * block
+
+
 def _seen_by_step(position: int, block: int, global_tokens: int) -> slice | torch.Tensor:
     """What a block-sparse decoding step at `position` sees of positions 0..position: the global positions, the
     previous block and its own block up to itself (an index into arange(position + 1))."""
-    start = 0 if position < global_tokens else max(position // block - 1, 0) * block
+    start = _first_local(position, block, global_tokens)
     if start <= global_tokens:
         return slice(None)
     return torch.cat((torch.arange(global_tokens), torch.arange(start, position + 1)))
@@ -294,8 +300,7 @@ class BlockSparseLayer(DynamicLayer):
                                                                            self.cumulative_length + new)))
         self.cumulative_length += new
         # keep what the next step (at position cumulative_length) will see
-        start = 0 if self.cumulative_length < self.global_tokens else \
-            max(self.cumulative_length // self.block_size - 1, 0) * self.block_size
+        start = _first_local(self.cumulative_length, self.block_size, self.global_tokens)
         keep = (self.kept_positions < min(self.global_tokens, start)) | (self.kept_positions >= start)
         if not bool(keep.all()):
             index = keep.nonzero().squeeze(1).to(self.keys.device)

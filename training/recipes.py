@@ -11,8 +11,7 @@ its figure): a learning rate that decays linearly to zero as the budget runs out
 updates, and bf16 autocast where the CPU multiplies bf16 in hardware (`--mixed_precision auto`: the same learning per
 update, cheaper updates; float32 elsewhere).
 - g2p (the main job, `scripts/main_job.sh` gives it 15 minutes): the `g2p-small` model (128 wide, 3+3 layers).
-- g2p-1h: the same recipe over one hour (a 192-wide model learned no more per update at 2,000 updates and costs
-  1.7-1.9x per update; over the hour the 128-wide model without dropout overfits past about 15 epochs: see
+- g2p-1h: the same recipe over one hour (the 192-wide model and the hour's overfitting are measured in
   docs/recipes.md).
 - g2p-paragraph: lines of 250-1,150 tokens a side, so a batch holds a few lines (4096 tokens, ~4 lines on average,
   the longest alone fits); a warm start from a word-level model is the expected use, hence the short warmup; greedy
