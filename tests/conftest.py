@@ -1,5 +1,5 @@
 """Test settings shared by the whole suite: one thread (tiny models run far faster), no network; and the shared
-fixtures: the tiny config, and a tiny G2P checkpoint with its loaded model and tokenizer."""
+fixtures: the tiny config, a tiny G2P checkpoint with its loaded model and tokenizer, and a tiny vaswani-train run."""
 
 import os
 
@@ -56,3 +56,25 @@ def trained_checkpoint(tmp_path_factory, g2p_sample):
                                   decoder_ffn_dim=64, normalize_before=True, position_encoding="sinusoidal_split",
                                   final_logits_bias=True)
     return train_tiny(folder)
+
+
+@pytest.fixture(scope="session")
+def train_workspace(tmp_path_factory):
+    """A slice of CMUdict (g2p.tsv, every 400th line) and a tokenizer trained on it once (tokenizer/)."""
+    from helpers import write_train_workspace
+
+    return write_train_workspace(tmp_path_factory.mktemp("train_loop"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(train_workspace):
+    """scripts/train.py end to end: 20 steps, the whole output folder (trains its own tokenizer); (folder, result).
+    Tests only read it (the loop's, the export's, the model card's and vaswani-average's)."""
+    from helpers import TINY, run_train
+
+    out = train_workspace / "e2e"
+    result = run_train(["--train_file", str(train_workspace / "g2p.tsv"), *TINY, "--max_steps", "20", "--eval_every",
+                        "10", "--save_every", "10", "--output_dir", str(out), "--show", "HELLO", "PYTORCH"],
+                       train_workspace)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return out, result

@@ -1,11 +1,12 @@
 """What several test files share: the repository's path, a script of scripts/ loaded as a module, a tiny G2P
-checkpoint like the training loop writes, a subprocess runner that leaves nothing behind, and the preamble of scripts
-that must run without `vaswani`."""
+checkpoint like the training loop writes, a subprocess runner that leaves nothing behind, vaswani-train run as a
+subprocess on a slice of CMUdict, and the preamble of scripts that must run without `vaswani`."""
 
 import importlib.util
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -76,6 +77,55 @@ def _kill_group(pgid: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 
+
+
+# vaswani-train (scripts/train.py) as a subprocess, for the tests of the loop, the command, the export, the model card,
+# the tasks and vaswani-average: a few hundred CMUdict lines, the tiny preset, one thread per process, offline.
+
+TRAIN = REPO / "scripts" / "train.py"
+# float32 on every machine (the g2p default, --mixed_precision auto, is bf16 where the CPU multiplies it natively)
+TINY = ["--preset", "tiny", "--task", "g2p", "--dev_percent", "10", "--max_tokens", "150", "--no_progress_bar",
+        "--eval_subset", "0", "--eval_batch_size", "64", "--mixed_precision", "no"]
+QUIET = [*TINY, "--no_tensorboard"]
+
+
+def train_env(tmp_path, **extra) -> dict:
+    """The environment of a training subprocess: one thread, offline, its own HF_HOME, no inherited ranks."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
+               TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+def run_train(args, tmp_path, launcher=(), timeout=240, **env) -> subprocess.CompletedProcess:
+    """scripts/train.py ARGS in `tmp_path` (under `launcher`, e.g. torchrun's module, when given)."""
+    command = [sys.executable, *launcher, str(TRAIN), *args] if launcher else [sys.executable, str(TRAIN), *args]
+    return run_group(command, timeout, env=train_env(tmp_path, **env), capture_output=True, text=True, cwd=tmp_path)
+
+
+def write_train_workspace(root: Path) -> Path:
+    """A slice of CMUdict (every 400th line: ~280 lines, ~25 dev words) as `root`/g2p.tsv and a tokenizer trained on
+    it once, `root`/tokenizer."""
+    from vaswani.training.data import default_g2p_file
+    from vaswani.training.tasks import build_tokenizer, load_task_data
+
+    lines = default_g2p_file().read_text(encoding="utf-8").splitlines()[::400]
+    data = root / "g2p.tsv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    build_tokenizer(load_task_data("g2p", str(data), dev_percent=10), root / "tokenizer")
+    return root
+
+
+def tensors(path) -> dict:
+    """The tensors of a safetensors file."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def mean_weights(files, name) -> torch.Tensor:
+    """The mean of tensor `name` over safetensors `files`, summed in float64."""
+    return (sum(tensors(f)[name].double() for f in files) / len(files)).float()
 
 # The preamble of scripts that must run where `vaswani` is NOT importable: the package is installed in the test
 # environment (editable or not), so every `vaswani` import is refused rather than merely left off the path, and the

@@ -1,6 +1,9 @@
-"""vaswani.training.model_card: what the card says of the optimizer and the schedule, read from what was built."""
+"""vaswani.training.model_card: what the card says of the optimizer and the schedule, read from what was built; the
+card of the tiny run of tests/conftest.py (front matter, hyperparameters, metrics); metadata checks."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -32,3 +35,30 @@ def test_the_card_reads_through_accelerate_s_wrapper():
 def test_every_schedule_has_its_words():
     assert set(SCHEDULE_TEXT) == set(SCHEDULES)
     assert describe_schedule("linear") == "linear warmup, then linear decay to zero over the run's budget"
+
+
+def test_model_card_front_matter(trained_run):
+    from huggingface_hub import ModelCard
+
+    out, _ = trained_run
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text2text-generation"
+    assert data["license"] == "apache-2.0" and "g2p" in data["tags"]
+    results = {m["type"]: m["value"] for m in data["model-index"][0]["results"][0]["metrics"]}
+    assert results == {"wer": round(metrics["dev"]["wer"], 2), "per": round(metrics["dev"]["per"], 2)}
+    assert "| d_model | 16 |" in card.text and "| label_smoothing | 0.1 |" in card.text
+    assert "{{" not in card.text and "CMU Pronouncing Dictionary" in card.text
+    # the optimizer the run built and its schedule, in words
+    assert "| optimizer | Adam(0.9, 0.98, eps 1e-9) |" in card.text
+    assert "| schedule | linear warmup, then linear decay to zero over the run's budget |" in card.text
+
+
+def test_model_card_rejects_unknown_license_and_tag():
+    from vaswani.training.model_card import check_metadata
+
+    with pytest.raises(ValueError, match="license"):
+        check_metadata("not-a-license", "text2text-generation")
+    with pytest.raises(ValueError, match="pipeline_tag"):
+        check_metadata("mit", "nonsense")

@@ -1,7 +1,7 @@
-"""The paragraph-level G2P task (vaswani.training.paragraphs, its branch of tasks and its recipe in cli): lines drawn
-from one side of the CMUdict split, a tokenizer that keeps the word boundary, the dev metric the loop keeps the best
-checkpoint by, and a tiny `vaswani-train --task g2p-paragraph` run end to end (the metric itself:
-tests/test_training_metrics.py)."""
+"""The paragraph-level G2P task (vaswani.training.paragraphs and its branch of tasks): lines drawn from one side of the
+CMUdict split, a tokenizer that keeps the word boundary, the dev metric the loop keeps the best checkpoint by, and a
+tiny `vaswani-train --task g2p-paragraph` run end to end (the metric itself: tests/test_training_metrics.py; its
+recipe and flags in vaswani-train: tests/test_training_cli.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from helpers import run_group
 
-from vaswani.training import cli
 from vaswani.training.paragraphs import WORD_BOUNDARY, build_lines, join_words, split_words
 from vaswani.training.tasks import load_task_data
 
@@ -93,26 +92,6 @@ def test_the_task_scores_lines_by_word_error_rate(paragraphs):
     assert perfect["wer"] == perfect["per"] == 0 and {k for k in perfect if k.startswith("wer_")} >= {"wer_32_63"}
     shifted = [r[0] for r in references[1:]] + [references[0][0]]  # every line another line's words
     assert score("g2p-paragraph", shifted, references)["wer"] > 50
-
-
-def test_recipe_and_overrides():
-    args = cli.parse_args(["--task", "g2p-paragraph", "--config_overrides",
-                           "encoder_attention_pattern=local,attention_window=64"])
-    assert args.preset == "g2p-paragraph" and args.max_tokens >= args.max_source_length > 1300
-    config = cli.build_config(args, 55)
-    assert (config.encoder_attention_pattern, config.attention_window) == ("local", 64)
-    assert config.max_position_embeddings >= 1300 and config.d_model == 128
-    assert cli.make_settings(args).max_source_length == args.max_source_length
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--paragraph_words", "9", "3"], "--paragraph_words 9 3"),
-    (["--paragraph_lines", "10", "0"], "--paragraph_lines 10 0"),
-])
-def test_bad_paragraph_arguments(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--task", "g2p-paragraph", *argv])
-    assert message in capsys.readouterr().err
 
 
 def test_join_and_split_are_inverse():

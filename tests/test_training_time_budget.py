@@ -46,3 +46,13 @@ def test_forecast_end_takes_the_first_of_the_fixed_ends_and_the_clock():
     # before the first update the pace is unknown: the fixed end only, no seconds
     assert forecast_end(0, 0, 3.0, [1000], seconds_left=600.0) == (1000, None)
     assert forecast_end(0, 0, 3.0, [], seconds_left=600.0) == (None, None)
+
+
+def test_a_resumed_run_continues_its_clock():
+    now = [500.0]
+    deadline = Deadline("10m", clock=lambda: now[0])
+    now[0] += 30.0
+    deadline.credit(400.0)  # what the checkpoint says the earlier invocations used
+    assert deadline.elapsed() == pytest.approx(430.0) and deadline.remaining() == pytest.approx(170.0)
+    deadline.credit(-5.0)  # nothing negative
+    assert deadline.elapsed() == pytest.approx(430.0)
