@@ -265,9 +265,15 @@ def _config_for_comparison(config) -> dict:
     return d
 
 
-def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_processes: int, device: str) -> dict:
+def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_processes: int, device: str,
+               stored_dtype: str | None = None) -> dict:
     """The end product of a run (main process): show a few outputs, write the Hub-ready folder with its model card
-    and metrics.json into `args.output_dir`, print the dev figures, push if asked; returns the metrics."""
+    and metrics.json into `args.output_dir`, print the dev figures, push if asked; returns the metrics.
+
+    `stored_dtype` ("float16", "bfloat16"): the folder stores the weights in that dtype, and the card and
+    metrics.json say so (`result.dev` must then be the scores of the rounded weights: `release.release_run`)."""
+    import torch
+
     from .evaluation import generate_texts
     from .export import push_folder, write_model_folder
     from .model_card import build_model_card, describe_optimizer, describe_schedule
@@ -286,6 +292,8 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                "target_tokens_per_second": round(result.target_tokens_per_second, 1),
                "num_processes": num_processes, "device": device, "history": result.history,
                "examples": dict(zip(show, outputs))}
+    if stored_dtype:
+        metrics["stored_dtype"] = stored_dtype
     n_settings = {k: v for k, v in settings_dict(settings).items()
                   if k in ("max_tokens", "grad_accum", "lr", "warmup_steps", "weight_decay", "clip_norm", "seed",
                            "mixed_precision", "num_beams", "eval_subset", "ema_decay", "average_last")}
@@ -303,14 +311,15 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                + (f" (weights: exponential moving average, decay {settings.ema_decay})." if settings.ema_decay
                   else "."))
     weights = (f"the average of steps {', '.join(map(str, result.averaged_steps))}" if result.averaged_steps
-               else f"step {result.best_step}")
+               else f"step {result.best_step}") + (f", stored in {stored_dtype}" if stored_dtype else "")
     card = build_model_card(
         task=data.task, model_name=args.hub_model_id.split("/")[-1] if args.hub_model_id else
         f"vaswani-{data.task}", config=model.config, dev=dev, dev_size=len(data.dev_sources),
         weights=weights, data_description=data.description, training_summary=summary,
         settings=n_settings, repo_id=args.hub_model_id, predictions=list(zip(show, outputs)),
         examples=show[:3], license=args.license)
-    write_model_folder(output_dir, model, tokenizer, card=card, metrics=metrics)
+    write_model_folder(output_dir, model.to(getattr(torch, stored_dtype)) if stored_dtype else model, tokenizer,
+                       card=card, metrics=metrics)
     spec = data.spec
     what = " ".join(f"{k.upper()} {dev[k]:.2f}%" if spec.percent else f"{k} {dev[k]:.2f}" for k in spec.metrics)
     print(f"\nDev ({len(data.dev_sources)} {spec.unit}, beam {settings.num_beams}, {weights}): {what}")
