@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measurement import SIZES, Stat, _alternate, _measure, activation_bytes, machine_description  # noqa: E402
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration  # noqa: E402
-from vaswani.attention_patterns_vaswani import self_attention_cache  # noqa: E402
+from vaswani.caches_vaswani import self_attention_cache  # noqa: E402
 
 PATTERNS = ("full", "local", "block_sparse", "linear")
 FULL_ATTN = "sdpa"  # full attention's backend: torch's fused kernel, no n x n buffer on the CPU

@@ -16,17 +16,17 @@ cross-attention stays full.
 
 Each function has the backend contract of modeling_vaswani.py (`fn(module, q, k, v, mask, scaling, dropout, **kw)
 -> (out (B, T, H, D), weights or None)`) and takes as mask the (B, Tk) padding mask (True = a real key), never an
-n x n one. Under `eager` the softmax is written out; under `sdpa` each chunk goes through torch's
+n x n one. Under `eager` the softmax is eager attention's; under `sdpa` each chunk goes through torch's
 scaled_dot_product_attention. On a GPU, local attention also runs as flash attention with a window, and local and
-block-sparse attention as flex attention with a block mask (`self_attention_mask` builds it). Linear attention has no
-softmax to hand to a kernel: eager and sdpa run the same formula.
+block-sparse attention as flex attention with a block mask (masks_vaswani.self_attention_mask builds it). Linear
+attention has no softmax to hand to a kernel: eager and sdpa run the same formula.
 
 With `output_attentions=True` under eager, the dense (B, H, Tq, Tk) weights of the pattern come back (zero outside
 it; linear attention's implied weights phi(q_i) phi(k_j) / sum): O(n^2), for plots of short inputs.
 
-Cached decoding: `self_attention_cache` gives the decoder's self-attention cache of each pattern: a rolling window of
-`attention_window - 1` positions (local), each layer's running sums S and z (linear), the global positions and the
-last two blocks (block-sparse: what its step reads, constant in the length), or all keys (full).
+A query with no real key in its stretch follows the one rule of masks_vaswani.py (`attend_somewhere`): it attends
+to every key its pattern allows. The eager softmax is eager attention's (`masked_softmax`). Cached decoding reads the
+caches of caches_vaswani.py: each function gets its module's layer of the cache as `cache_layer`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    sliding_window_bidirectional_overlay,
-    sliding_window_overlay,
-)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .caches_vaswani import BlockSparseLayer, LinearAttentionState, first_local
+from .masks_vaswani import attend_somewhere, key_padding, masked_softmax
 
 PATTERNS = ("local", "block_sparse", "linear")
 # The attention implementations that run each pattern (the first ones on the CPU).
@@ -71,18 +67,6 @@ def _key_stretches(x: torch.Tensor, start: int, count: int, stride: int, span: i
     return _windows(x, start, count, stride, span, dim=2).transpose(-1, -2)
 
 
-def _key_padding(attention_mask: torch.Tensor | None, query: torch.Tensor, key_length: int) -> torch.Tensor:
-    """The (B, Tk) boolean padding mask of the keys, True = real, from what the stack passes."""
-    if attention_mask is None:
-        return torch.ones(1, key_length, dtype=torch.bool, device=query.device)
-    if attention_mask.dim() != 2:
-        raise ValueError(f"a {attention_mask.dim()}D attention mask was given to a long-input attention pattern, "
-                         f"which takes the (batch, length) padding mask only; pass attention_mask as 0/1 per token")
-    if attention_mask.shape[1] < key_length:
-        raise ValueError(f"the padding mask covers {attention_mask.shape[1]} positions but attention has "
-                         f"{key_length} keys; pass a mask over the past and the new tokens")
-    return attention_mask[:, -key_length:].bool()  # a cache may hold fewer positions than the mask covers
-
 
 def _softmax_attention(module, query, key, value, mask, scaling: float, dropout: float):
     """softmax(q k^T * scaling, masked) v over stretches: q (..., Tq, D), k/v (..., S, D), mask broadcastable to
@@ -95,10 +79,7 @@ def _softmax_attention(module, query, key, value, mask, scaling: float, dropout:
                                              dropout_p=dropout if module.training else 0.0, scale=scaling)
         return out.view(*lead, *out.shape[-3:]), None
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    full_precision = scores.dtype in (torch.float32, torch.float64)
-    weights = (scores if full_precision else scores.float()).softmax(-1).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
+    weights = masked_softmax(scores, mask, dropout, module.training)  # eager attention's softmax
     return torch.matmul(weights, value), weights
 
 
@@ -121,8 +102,7 @@ def _one_query(module, query, key, value, attention_mask, seen: torch.Tensor, sc
         pick = (lambda x: x)
     else:
         pick = (lambda x: x[:, :, int(seen[0]):]) if contiguous else (lambda x: x.index_select(2, seen))
-    mask = _key_padding(attention_mask, query, key_length).index_select(1, seen)
-    mask = (mask | (seen == key_length - 1))[:, None, None, :]  # a query always sees itself
+    mask = attend_somewhere(key_padding(attention_mask, query, key_length).index_select(1, seen))[:, None, None, :]
     out, weights = _softmax_attention(module, query, pick(key), pick(value), mask, scaling, dropout)
     if weights is not None and kwargs.get("output_attentions"):
         weights = _scatter_dense(weights, seen, key_length)
@@ -134,19 +114,25 @@ def _one_query(module, query, key, value, attention_mask, seen: torch.Tensor, sc
 def _covered(module, query, key, value, attention_mask, scaling: float, dropout: float, **kwargs):
     """Every query against every key (causally in the decoder), as the pattern is where it covers the input."""
     query_length, key_length = query.shape[2], key.shape[2]
-    mask = _key_padding(attention_mask, query, key_length)[:, None, None, :]
+    causal = None
     if module.is_causal:
-        mask = mask & torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril(
+        causal = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril(
             key_length - query_length)
-    mask = mask | _diagonal(query_length, key_length, query.device)  # a query always sees itself
+    mask = attend_somewhere(key_padding(attention_mask, query, key_length)[:, None, None, :], causal)
     out, weights = _softmax_attention(module, query, key, value, mask, scaling, dropout)
     return out.transpose(1, 2).contiguous(), weights if kwargs.get("output_attentions") else None
 
 
-def _diagonal(query_length: int, key_length: int, device) -> torch.Tensor:
-    """(Tq, Tk): True where a query meets its own key (the queries are the last Tq keys)."""
-    return torch.arange(key_length, device=device) == torch.arange(query_length, device=device)[:, None] + (
-        key_length - query_length)
+def _in_range(padding: torch.Tensor, start: int, count: int, stride: int, span: int) -> torch.Tensor:
+    """(1, count, span): which positions of each stretch are keys at all (the others lie outside the sequence)."""
+    return _windows(torch.ones_like(padding[:1]), start, count, stride, span, dim=1)
+
+
+def _grid_rows(count: int, size: int, lead: int, length: int, device) -> torch.Tensor:
+    """(count, size, 1): which rows of a query grid are queries; the grid's padding rows (before `lead`, after
+    `lead + length`) are not, and see their whole stretch (their outputs are dropped)."""
+    row = torch.arange(count * size, device=device).view(count, size, 1)
+    return (row >= lead) & (row < lead + length)
 
 
 def local_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
@@ -168,11 +154,13 @@ def local_attention(module, query, key, value, attention_mask, scaling: float, d
 
     queries = F.pad(query, (0, 0, 0, count * chunk - query_length)).unflatten(2, (count, chunk))
     keys, values = (_key_stretches(x, first, count, chunk, span) for x in (key, value))
-    real = _windows(_key_padding(attention_mask, query, key_length), first, count, chunk, span, dim=1)
+    padding = key_padding(attention_mask, query, key_length)
+    real = _windows(padding, first, count, chunk, span, dim=1)[:, None, :, None, :]  # (B, 1, count, 1, span)
     # key index - query index + left, for each (query, key) of a chunk and its stretch
     offset = torch.arange(span, device=query.device) - torch.arange(chunk, device=query.device)[:, None]
-    band = (offset >= 0) & (offset <= left + right)
-    mask = (band & real[:, None, :, None, :]) | (offset == left)  # a query always sees itself: no empty row
+    band = (offset >= 0) & (offset <= left + right) & _in_range(padding, first, count, chunk, span)[:, :, None, :]
+    rows = _grid_rows(count, chunk, 0, query_length, query.device)
+    mask = attend_somewhere(real, (band | ~rows)[:, None])
 
     out, weights = _softmax_attention(module, queries, keys, values, mask, scaling, dropout)
     out = out.flatten(2, 3)[:, :, :query_length]
@@ -193,7 +181,7 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     block, causal = config.sparse_block_size, module.is_causal
     query_length = query.shape[2]
     if causal and query_length == 1:  # a decoding step: the globals, the previous block and its own, up to itself
-        layer = _layer(kwargs.get("linear_state"), module)
+        layer = kwargs.get("cache_layer")
         total = layer.get_seq_length() if isinstance(layer, BlockSparseLayer) else key.shape[2]
         seen = torch.arange(total, device=query.device)[_seen_by_step(total - 1, block, config.sparse_global_tokens)]
         return _one_query(module, query, key, value, attention_mask, seen, scaling, dropout, total=total, **kwargs)
@@ -208,24 +196,27 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
 
     queries = F.pad(query, (0, 0, lead, count * block - lead - query_length)).unflatten(2, (count, block))
     keys, values = (_key_stretches(x, first, count, block, span) for x in (key, value))
-    padding = _key_padding(attention_mask, query, key_length)
+    padding = key_padding(attention_mask, query, key_length)
     real = _windows(padding, first, count, block, span, dim=1)[:, None, :, None, :]  # (B, 1, count, 1, span)
     offset = torch.arange(span, device=device) - torch.arange(block, device=device)[:, None]  # key - query + block
-    mask = (real & (offset <= block)) if causal else real.expand(-1, -1, -1, block, -1)
-    mask = mask | (offset == block)  # a query always sees itself
+    allowed = _in_range(padding, first, count, block, span)[0][:, None, :] & ((offset <= block) if causal else True)
+    allowed = allowed.expand(count, block, span)  # (count, block, span)
     if globals_:
         # the global keys, for each block that does not already hold them in its stretch
         stretch_start = first + block * torch.arange(count, device=device)[:, None]
         index = torch.arange(globals_, device=device)
         elsewhere = (index < stretch_start) | (index >= stretch_start + span)  # (count, g)
-        seen = padding[:, None, None, None, :globals_] & elsewhere[:, None, :]  # (B, 1, count, 1, g)
+        seen = elsewhere[:, None, :].expand(count, block, globals_)
         if causal:
             query_position = position - lead + block * torch.arange(count, device=device)[:, None] + torch.arange(
                 block, device=device)
-            seen = seen & (index <= query_position[..., None])  # (B, 1, count, block, g)
-        mask = torch.cat((seen.expand(*mask.shape[:-1], globals_), mask), dim=-1)
+            seen = seen & (index <= query_position[..., None])  # (count, block, g)
+        global_real = padding[:, None, None, None, :globals_].expand(-1, -1, count, -1, -1)
+        real, allowed = torch.cat((global_real, real), dim=-1), torch.cat((seen, allowed), dim=-1)
         global_keys, global_values = (x[:, :, None, :globals_].expand(-1, -1, count, -1, -1) for x in (key, value))
         keys, values = torch.cat((global_keys, keys), dim=3), torch.cat((global_values, values), dim=3)
+    rows = _grid_rows(count, block, lead, query_length, device)
+    mask = attend_somewhere(real, allowed | ~rows)
 
     out, weights = _softmax_attention(module, queries, keys, values, mask, scaling, dropout)
     out = out.flatten(2, 3)[:, :, lead : lead + query_length]
@@ -239,11 +230,11 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
 
     global_queries = min(max(globals_ - position, 0), query_length)  # queries at positions below the global count
     if global_queries:
-        global_mask = padding[:, None, None, :] | (
-            torch.arange(key_length, device=device) == torch.arange(global_queries, device=device)[:, None] + position)
+        sees = None
         if causal:
-            global_mask = global_mask & (torch.arange(key_length, device=device)
-                                         <= torch.arange(global_queries, device=device)[:, None] + position)
+            sees = torch.arange(key_length, device=device) <= torch.arange(global_queries, device=device)[:, None] + \
+                position
+        global_mask = attend_somewhere(padding[:, None, None, :], sees)
         global_out, global_weights = _softmax_attention(module, query[:, :, :global_queries], key, value,
                                                         global_mask, scaling, dropout)
         out = torch.cat((global_out, out[:, :, global_queries:]), dim=2)
@@ -252,182 +243,56 @@ def block_sparse_attention(module, query, key, value, attention_mask, scaling: f
     return out.transpose(1, 2).contiguous(), dense
 
 
-def _first_local(position: int, block: int, global_tokens: int) -> int:
-    """The first position of the previous block of a block-sparse decoding step at `position` (0 while the step is a
-    global one): it sees the global positions and everything from here on."""
-    return 0 if position < global_tokens else max(position // block - 1, 0) * block
-
-
 def _seen_by_step(position: int, block: int, global_tokens: int) -> slice | torch.Tensor:
     """What a block-sparse decoding step at `position` sees of positions 0..position: the global positions, the
     previous block and its own block up to itself (an index into arange(position + 1))."""
-    start = _first_local(position, block, global_tokens)
+    start = first_local(position, block, global_tokens)
     if start <= global_tokens:
         return slice(None)
     return torch.cat((torch.arange(global_tokens), torch.arange(start, position + 1)))
 
 
-def _layer(cache: Cache | None, module):
-    """The layer of `cache` that belongs to `module` (None without a cache)."""
-    if cache is None or module.layer_idx >= len(cache.layers):
-        return None
-    return cache.layers[module.layer_idx]
-
-
-class BlockSparseLayer(DynamicLayer):
-    """The block-sparse decoder's cache layer: the global positions and the keys from the start of the block before
-    the newest one, exactly what the next decoding step sees; at most `sparse_global_tokens + 2 * sparse_block_size`
-    positions, whatever the length. A forward of several new tokens needs every earlier key: it is taken while
-    nothing has been dropped (the first forward), refused after."""
-
-    is_croppable = False
-
-    def __init__(self, block_size: int, global_tokens: int, **kwargs):
-        super().__init__()
-        self.block_size, self.global_tokens = block_size, global_tokens
-        self.cumulative_length = 0  # positions seen, the dropped ones included
-        self.kept_positions = torch.zeros(0, dtype=torch.long)  # which positions the stored keys are
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        new = key_states.shape[-2]
-        if new > 1 and self.kept_positions.numel() < self.cumulative_length:
-            raise ValueError(f"a block-sparse decoder's cache keeps only what a one-token step sees (the "
-                             f"{self.global_tokens} global positions and the last two blocks of {self.block_size}); "
-                             f"{new} new tokens at once need every earlier key: feed one token at a time after the "
-                             "first forward, or pass a DynamicCache")
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        self.kept_positions = torch.cat((self.kept_positions, torch.arange(self.cumulative_length,
-                                                                           self.cumulative_length + new)))
-        self.cumulative_length += new
-        # keep what the next step (at position cumulative_length) will see
-        start = _first_local(self.cumulative_length, self.block_size, self.global_tokens)
-        keep = (self.kept_positions < min(self.global_tokens, start)) | (self.kept_positions >= start)
-        if not bool(keep.all()):
-            index = keep.nonzero().squeeze(1).to(self.keys.device)
-            self.keys, self.values = self.keys.index_select(-2, index), self.values.index_select(-2, index)
-            self.kept_positions = self.kept_positions[keep]
-        return keys, values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[-2] + query_length if self.keys is not None else query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.cumulative_length
-
-    def get_max_length(self) -> int:
-        return self.global_tokens + 2 * self.block_size
-
-    def reset(self) -> None:
-        super().reset()
-        self.cumulative_length = 0
-        self.kept_positions = torch.zeros(0, dtype=torch.long)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a block-sparse decoder's cache has dropped the positions a crop would return to "
-                                  "(assisted decoding); pass a DynamicCache")
-
-
 def _feature_map(x: torch.Tensor) -> torch.Tensor:
-    return F.elu(x) + 1
-
-
-class LinearAttentionState(CacheLayerMixin):
-    """One decoder layer's cache under causal linear attention: the running sums S = sum_j phi(k_j) v_j^T
-    (B, H, D, D) and z = sum_j phi(k_j) (B, H, D) over the positions so far, and their count. O(1) in the length."""
-
-    is_sliding = False
-    is_compileable = False
-    is_croppable = False
-    supports_early_init = False
-
-    def __init__(self, **kwargs):
-        super().__init__()
-        self.sums = self.normalizer = None
-        self.cumulative_length = 0
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise TypeError("a linear-attention cache keeps running sums, not keys and values: it is read and written "
-                        "by linear_attention (attention_patterns_vaswani.py)")
-
-    def read(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self.sums, self.normalizer
-
-    def write(self, sums: torch.Tensor, normalizer: torch.Tensor, new_positions: int) -> None:
-        if not self.is_initialized:
-            self.lazy_initialization(sums, sums)
-        self.sums, self.normalizer = sums, normalizer
-        self.cumulative_length += new_positions
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return query_length, self.cumulative_length
-
-    def get_seq_length(self) -> int:
-        return self.cumulative_length
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self.sums = self.normalizer = None
-        self.cumulative_length = 0
-
-    def _map(self, fn) -> None:
-        if self.sums is not None:
-            self.sums, self.normalizer = fn(self.sums), fn(self.normalizer)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices])
-
-    def offload(self) -> None:
-        self._map(lambda t: t.to("cpu", non_blocking=True))
-
-    def prefetch(self) -> None:
-        self._map(lambda t: t.to(self.device, non_blocking=True))
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a linear-attention state cannot forget positions (assisted decoding, crop)")
-
+    return F.elu(x) + 1  # positive: a row's denominator is zero exactly when it has no real key
 
 def linear_attention(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
-                     linear_state: Cache | None = None, **kwargs):
+                     cache_layer=None, **kwargs):
     """phi(q) S / (phi(q) z + eps), S and z summed over the real keys (decoder: over j <= i, continuing the cache's
     sums). No softmax, so neither `scaling` nor attention dropout applies. Half-precision inputs are summed in
-    float32."""
+    float32. A row with no real key follows the masks' rule: it sums over every key it may see (in the decoder,
+    those of this call)."""
     dtype = query.dtype
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    real = _key_padding(attention_mask, query, key.shape[2])[:, None, :, None].to(work)
-    queries, keys = _feature_map(query.to(work)), _feature_map(key.to(work)) * real
-    values = value.to(work)
+    padding = key_padding(attention_mask, query, key.shape[2])
     if not module.is_causal:
-        sums = torch.matmul(keys.transpose(-1, -2), values)  # (B, H, D, D)
-        normalizer = keys.sum(2)
+        padding = attend_somewhere(padding)
+    queries, keys = _feature_map(query.to(work)), _feature_map(key.to(work))
+    values = value.to(work)
+    masked_keys = keys * padding[:, None, :, None].to(work)
+    if not module.is_causal:
+        sums = torch.matmul(masked_keys.transpose(-1, -2), values)  # (B, H, D, D)
+        normalizer = masked_keys.sum(2)
         numerator, denominator = torch.matmul(queries, sums), torch.matmul(queries, normalizer.unsqueeze(-1))
-        weights = torch.matmul(queries, keys.transpose(-1, -2)) if kwargs.get("output_attentions") else None
+        weights = torch.matmul(queries, masked_keys.transpose(-1, -2)) if kwargs.get("output_attentions") else None
     else:
-        layer = None
-        if linear_state is not None:
-            layer = linear_state.layers[module.layer_idx] if module.layer_idx < len(linear_state.layers) else None
+        layer = cache_layer
+        if layer is not None:
             if not isinstance(layer, LinearAttentionState):
                 raise ValueError("decoder_attention_pattern='linear' needs its own cache of running sums: leave the "
                                  "cache to the model (cache=None, use_cache=True) or pass "
-                                 "attention_patterns_vaswani.self_attention_cache(config)")
+                                 "caches_vaswani.self_attention_cache(config)")
         start_sums, start_normalizer = layer.read() if layer is not None else (None, None)
-        numerator, denominator, sums, normalizer = _causal_linear(queries, keys, values, start_sums, start_normalizer)
+        numerator, denominator, sums, normalizer = _causal_linear(queries, masked_keys, values, start_sums,
+                                                                  start_normalizer)
         if layer is not None:
             layer.write(sums, normalizer, query.shape[2])
+        empty = denominator == 0  # (B, H, T, 1): rows with no real key so far
+        if not bool(padding.all()) and bool(empty.any()):
+            numerator_all, denominator_all = _causal_linear(queries, keys, values)[:2]
+            numerator, denominator = numerator.where(~empty, numerator_all), denominator.where(~empty, denominator_all)
         weights = None
         if kwargs.get("output_attentions") and start_sums is None:
-            weights = torch.matmul(queries, keys.transpose(-1, -2)).tril()
+            weights = torch.matmul(queries, masked_keys.transpose(-1, -2)).tril()
     out = (numerator / (denominator + LINEAR_EPS)).to(dtype)
     if weights is not None:  # the implied attention weights, O(n^2): only when asked for
         weights = (weights / (weights.sum(-1, keepdim=True) + LINEAR_EPS)).to(dtype)
@@ -464,7 +329,7 @@ def _flash_local(module, query, key, value, attention_mask, **kwargs):
     transformers passes `sliding_window - 1` to each side."""
     window = module.config.attention_window
     if torch.is_tensor(attention_mask):
-        attention_mask = _key_padding(attention_mask, query, key.shape[2])
+        attention_mask = key_padding(attention_mask, query, key.shape[2])
     attend = ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation]
     return attend(module, query, key, value, attention_mask, sliding_window=window if module.is_causal else window + 1,
                   **kwargs)
@@ -486,97 +351,11 @@ def pattern_attention(pattern: str, implementation: str):
     return _FUNCTIONS[pattern]
 
 
-def mask_function(config, pattern: str, causal: bool):
-    """The pattern as a mask function (batch, head, q_idx, kv_idx) -> bool over absolute positions, for flex
-    attention's block mask and for dense references. Padding and causality come on top (transformers' masks)."""
-    if pattern == "local":
-        window = config.attention_window
-        return sliding_window_overlay(window) if causal else sliding_window_bidirectional_overlay(window)
-    if pattern != "block_sparse":
-        raise ValueError(f"{pattern!r} attention has no mask function")
-    block, globals_ = config.sparse_block_size, config.sparse_global_tokens
-
-    def block_sparse(batch_idx, head_idx, q_idx, kv_idx):
-        return (abs(q_idx // block - kv_idx // block) <= 1) | (q_idx < globals_) | (kv_idx < globals_)
-
-    return block_sparse
-
-
-def self_attention_mask(config, pattern: str, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                        causal: bool, cache: Cache | None = None):
-    """What a stack passes its self-attention layers, built once: full attention's masks from transformers (the
-    form each backend wants); for a long-input pattern the (B, T) padding mask (None without padding), never an
-    n x n one, or under flex attention the pattern's block mask."""
-    if pattern == "full" and causal:
-        return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  cache=cache)
-    if pattern == "full":
-        return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-    if config._attn_implementation == "flex_attention" and pattern in ("local", "block_sparse"):
-        overlay = mask_function(config, pattern, causal)
-        if causal:
-            return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                      cache=cache, and_mask_function=overlay)
-        return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         and_mask_function=overlay)
-    if not torch.is_tensor(attention_mask):
-        return attention_mask
-    if attention_mask.dim() != 2:
-        raise ValueError(f"{pattern!r} attention takes the (batch, length) padding mask, not a "
-                         f"{attention_mask.dim()}D mask: an n x n mask is what it avoids")
-    return None if bool(attention_mask.all()) else attention_mask.bool()
-
-
-class RollingWindowLayer(DynamicSlidingWindowLayer):
-    """The local decoder's cache layer: the last `sliding_window - 1` keys and values (with a new one, the
-    `sliding_window` positions a query sees). transformers' layer keeps everything for a window of 1 (`[-0:]`)."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        if self.sliding_window == 1 and not self.record_past:
-            self.keys, self.values = self.keys[..., :0, :], self.values[..., :0, :]
-        return keys, values
-
-
-class PatternCache(DynamicCache):
-    """A DynamicCache built from given layers (rolling windows, linear-attention sums)."""
-
-    def __init__(self, layers: list):
-        Cache.__init__(self, layers=layers)
-
-
-def self_attention_cache(config, cache_implementation: str | None = None) -> Cache:
-    """The decoder's self-attention cache for its pattern: a rolling window (local), running sums (linear), the
-    globals and the last two blocks (block-sparse; every key under flex attention, whose block mask covers them), or
-    every key (full). A static cache (`cache_implementation`) holds full attention's keys only."""
-    pattern = config.decoder_attention_pattern
-    if pattern != "full" and cache_implementation not in (None, "dynamic"):
-        raise ValueError(f"cache_implementation={cache_implementation!r} holds full attention's keys; "
-                         f"decoder_attention_pattern={pattern!r} keeps a cache of its own: leave cache_implementation "
-                         f"unset")
-    if pattern == "local":
-        return PatternCache([RollingWindowLayer(sliding_window=config.attention_window)
-                             for _ in range(config.decoder_layers)])
-    if pattern == "linear":
-        return PatternCache([LinearAttentionState() for _ in range(config.decoder_layers)])
-    if pattern == "block_sparse" and config._attn_implementation != "flex_attention":  # flex's block mask reads all
-        return PatternCache([BlockSparseLayer(config.sparse_block_size, config.sparse_global_tokens)
-                             for _ in range(config.decoder_layers)])
-    return DynamicCache(config=config)
-
-
 __all__ = [
     "BACKENDS",
     "PATTERNS",
-    "BlockSparseLayer",
-    "LinearAttentionState",
-    "PatternCache",
-    "RollingWindowLayer",
     "block_sparse_attention",
     "linear_attention",
     "local_attention",
-    "mask_function",
     "pattern_attention",
-    "self_attention_cache",
-    "self_attention_mask",
 ]

@@ -10,12 +10,20 @@ model's forward. It calls the same `logits_processor` and `stopping_criteria` ob
 transformers' loop, in the same order, so length limits, forced tokens, penalties, EOS handling and sampling (the same
 `torch.multinomial` draw) behave exactly as there.
 
-`lean_blocker` names the first reason a call needs transformers' loop instead; fast_paths_vaswani.py checks the
-module contract before it.
+The loop borrows the model's definitions instead of copying them: each layer's order of sub-layers, residuals and
+norms (`VaswaniDecoderLayer.sublayers`), the embedding step (`VaswaniDecoder.embed`), the final norm
+(`normalize_output`), the output projection with its bias (`VaswaniForConditionalGeneration.output_logits`) and
+the rule for a source row with no real token (masks_vaswani.py). What is its own is the kernels: frozen weights,
+one buffer per layer, single-query attention.
+
+What it serves is an allow-list (`SERVED_CONFIG`, `SERVED_MODULES`): these config values, these module types.
+`lean_blocker` names the first reason a call is outside it (any other config field or value, module type, backend
+or call), and that call goes to transformers' loop; fast_paths_vaswani.py checks the module contract before it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -23,11 +31,16 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
 )
+
+from .masks_vaswani import additive_key_mask, attention_softmax
 
 # model_kwargs the lean loop understands; any other non-None entry (decoder masks, embeddings, ...) falls back.
 _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
@@ -35,6 +48,62 @@ _UNDERSTOOD_KWARGS = {"encoder_outputs", "attention_mask", "cache", "use_cache"}
 _BEAM_HELPERS = ("_flatten_beam_dim", "_unflatten_beam_dim", "_get_top_k_continuations",
                  "_get_running_beams_for_next_iteration", "_update_finished_beams", "_check_early_stop_heuristic",
                  "_beam_search_has_unfinished_sequences")
+
+ANY = None
+# Every field VaswaniConfig declares, with the values the lean loop serves (ANY: every value, because the loop reads it
+# through the modules it runs, or it changes nothing in eval mode or outside the decoder step). A field missing here
+# (a new option) or a value outside its tuple sends the call to transformers' loop.
+SERVED_CONFIG = {
+    **dict.fromkeys(("vocab_size", "d_model", "decoder_layers", "decoder_attention_heads", "decoder_ffn_dim",
+                     "layer_norm_eps", "tie_word_embeddings", "max_position_embeddings", "init_std", "pad_token_id",
+                     "bos_token_id", "eos_token_id", "decoder_start_token_id", "use_cache"), ANY),
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "label_smoothing"), ANY),  # training
+    **dict.fromkeys(("encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "encoder_attention_pattern"),
+                    ANY),  # the encoder runs in the model's own forward
+    **dict.fromkeys(("attention_window", "sparse_block_size", "sparse_global_tokens"), ANY),  # patterns only
+    "activation_function": ("relu", "gelu", "gelu_new", "silu", "swish"),
+    "normalize_before": (False, True),
+    "scale_embedding": (False, True),
+    "position_encoding": ("sinusoidal_interleaved", "sinusoidal_split"),
+    "final_logits_bias": (False, True),
+    "decoder_attention_pattern": ("full",),
+}
+SERVED_ATTENTION = ("eager", "sdpa")
+# The module types the loop runs: the model's own (by name, in its own files, so that a remote-code copy counts) and
+# torch's or transformers' (these exact types).
+SERVED_MODULES = ("VaswaniDecoder", "VaswaniDecoderLayer", "VaswaniAttention", "VaswaniFeedForward",
+                  "SinusoidalPositions")
+_OWN_FILES = ("modeling_vaswani", "positions_vaswani")
+_SERVED_TYPES = (nn.Linear, nn.LayerNorm, nn.Embedding, nn.ModuleList,
+                 *{type(ACT2FN[name]) for name in SERVED_CONFIG["activation_function"]})
+_BASE_FIELDS = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+
+
+def config_blocker(config) -> str | None:
+    """The first config field or value outside `SERVED_CONFIG` (or the attention backend outside
+    `SERVED_ATTENTION`), or None."""
+    for field in dataclasses.fields(config):
+        if field.name in _BASE_FIELDS:
+            continue
+        if field.name not in SERVED_CONFIG:
+            return f"the config field {field.name!r}, which the lean loop does not know"
+        served, value = SERVED_CONFIG[field.name], getattr(config, field.name)
+        if served is not ANY and value not in served:
+            return f"{field.name}={value!r}"
+    if config._attn_implementation not in SERVED_ATTENTION:
+        return f"attn_implementation={config._attn_implementation!r} (the lean loop computes full attention)"
+    return None
+
+
+def module_blocker(model) -> str | None:
+    """The first module of the decoder and the output projection whose type is outside `SERVED_MODULES` and
+    torch's served types, or None."""
+    for module in (*model.get_decoder().modules(), model.get_output_embeddings()):
+        kind = type(module)
+        own = kind.__name__ in SERVED_MODULES and kind.__module__.rsplit(".", 1)[-1] in _OWN_FILES
+        if not own and kind not in _SERVED_TYPES:
+            return f"a module the lean loop does not run ({kind.__module__}.{kind.__name__})"
+    return None
 
 
 def lean_blocker(model, input_ids, generation_config, synced_gpus=False, streamer=None, model_kwargs=None,
@@ -49,10 +118,9 @@ def lean_blocker(model, input_ids, generation_config, synced_gpus=False, streame
             return "low_memory"
     if model.training or torch.is_grad_enabled():
         return "the model is in training mode or gradients are enabled"
-    if model.config.decoder_attention_pattern != "full":  # the lean loop computes full attention
-        return f"decoder_attention_pattern={model.config.decoder_attention_pattern!r}"
-    if model.config._attn_implementation not in ("eager", "sdpa"):
-        return f"attn_implementation={model.config._attn_implementation!r} (the lean loop computes full attention)"
+    reason = config_blocker(model.config) or module_blocker(model)
+    if reason:
+        return reason
     if synced_gpus or streamer is not None:
         return "synced_gpus or a streamer"
     if generation_config.return_dict_in_generate:
@@ -85,7 +153,7 @@ def single_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
             scores.mul_(scaling)
     else:
         scores = torch.baddbmm(additive_mask, query, keys.transpose(1, 2), alpha=scaling)
-    return torch.bmm(scores.softmax(-1), values)
+    return torch.bmm(attention_softmax(scores), values)
 
 
 class _LeanLayer:
@@ -102,9 +170,8 @@ class _LeanLayer:
 
     def __init__(self, layer, sources: torch.Tensor, rows: int, capacity: int, linear: Callable = F.linear):
         attention, cross, ffn = layer.self_attn, layer.encoder_attn, layer.ffn
-        self.normalize_before = layer.normalize_before
-        self.norms = [_layer_norm(norm) for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
-                                                      layer.final_layer_norm)]
+        self.layer = layer  # its `sublayers` is the order of the step
+        self.norms = tuple(_layer_norm(norm) for norm in layer.sublayer_norms)
         self.heads, self.head_dim, self.scaling = attention.num_heads, attention.head_dim, attention.scaling
         # A power-of-two scale (head size 4, 16, 64, 256) goes into the query projection: exact, one kernel less.
         query_scale = self.scaling if math.frexp(self.scaling)[0] == 0.5 else 1.0
@@ -142,17 +209,17 @@ class _LeanLayer:
         filled.index_copy_(0, rows, filled.index_select(0, sources))
 
     def step(self, hidden: torch.Tensor, position: int, cross_mask: torch.Tensor | None) -> torch.Tensor:
-        """The layer on the newest position of every row, hidden (rows, d_model): what `VaswaniDecoderLayer.forward`
-        computes for it with a cache in eval mode (`_residual` in eval mode: the norm before each sub-layer, or after
-        its residual addition), with the residual additions fused into the sub-layers' output projections."""
-        self_norm, cross_norm, ffn_norm = self.norms
-        if self.normalize_before:
-            hidden = self.self_out.plus(self._self_attention(self_norm(hidden), position), hidden)
-            hidden = self.cross_out.plus(self._cross_attention(cross_norm(hidden), cross_mask), hidden)
-            return self.fc2.plus(self._inner(ffn_norm(hidden)), hidden)
-        hidden = self_norm(self.self_out.plus(self._self_attention(hidden, position), hidden))
-        hidden = cross_norm(self.cross_out.plus(self._cross_attention(hidden, cross_mask), hidden))
-        return ffn_norm(self.fc2.plus(self._inner(hidden), hidden))
+        """The layer on the newest position of every row, hidden (rows, d_model): the layer's own `sublayers` (its
+        order of sub-layers, residuals and norms) over this loop's branches, each residual added in place on the
+        branch's fresh output."""
+        return self.layer.sublayers(
+            hidden,
+            lambda x: self.self_out(self._self_attention(x, position)),
+            lambda x: self.cross_out(self._cross_attention(x, cross_mask)),
+            lambda x: self.fc2(self._inner(x)),
+            norms=self.norms,
+            add=_add_in_place,
+        )
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward's hidden activations (a ReLU rides in fc1's kernel)."""
@@ -178,6 +245,11 @@ class _LeanLayer:
         return out.view(-1, heads, group, size).transpose(1, 2).reshape(rows, -1)
 
 
+def _add_in_place(residual: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """residual + branch, added in place on the branch (a fresh output nothing else refers to): the same sum."""
+    return branch.add_(residual)
+
+
 def _layer_norm(norm: torch.nn.LayerNorm):
     """`norm`'s forward without the module call (`F.layer_norm`'s own kernel, called directly)."""
     return functools.partial(torch.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight,
@@ -195,10 +267,6 @@ class _FrozenLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.linear(x, self.weight, self.bias)
         return out.relu_() if self.relu else out
-
-    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """self(x) + other (a residual connection), added in place on the fresh output: the same rounding."""
-        return self(x).add_(other)
 
 
 def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: int = 0,
@@ -227,47 +295,24 @@ def _frozen(*projections, relu: bool = False, query_scale: float = 1.0, heads: i
     return cached[1]
 
 
-def _cross_attention_mask(attention_mask: torch.Tensor | None, heads: int, dtype: torch.dtype):
-    """(B, S) source padding (1 = real) -> an additive mask (B * heads, 1, S) in `dtype` (0 where attended, the
-    dtype's minimum elsewhere), or None when nothing is padded. A row that is all padding attends to every position,
-    as in the model's forward (its outputs are never used)."""
-    if attention_mask is None:
-        return None
-    keep = attention_mask.bool()
-    keep = keep | ~keep.any(-1, keepdim=True)  # an all-padding row attends everywhere, as in the model's forward
-    if bool(keep.all()):
-        return None
-    additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
-    return additive.repeat_interleave(heads, 0)[:, None, :]
-
-
 class _LeanDecoder:
     """The decoder and the LM head prepared for one `generate` call (see `_LeanLayer`)."""
 
     def __init__(self, model, sources: torch.Tensor, source_mask: torch.Tensor | None, rows: int, capacity: int,
                  linear: Callable = F.linear):
-        decoder = model.model.decoder
-        self.embed_tokens, self.embed_scale = decoder.embed_tokens, decoder.embed_scale
-        self.positions = decoder.embed_positions
-        self.layers = [_LeanLayer(layer, sources, rows, capacity, linear) for layer in decoder.layers]
-        self.final_norm = None if decoder.layer_norm is None else _layer_norm(decoder.layer_norm)
-        self.lm_head = _frozen(model.lm_head, linear=linear)
-        bias = model.final_logits_bias
-        self.logits_bias = None if bias is None else bias.to(model.lm_head.weight.dtype)
-        heads = decoder.layers[0].encoder_attn.num_heads if decoder.layers else 1
-        self.cross_mask = _cross_attention_mask(source_mask, heads, sources.dtype)
+        self.model, self.decoder = model, model.get_decoder()
+        self.layers = [_LeanLayer(layer, sources, rows, capacity, linear) for layer in self.decoder.layers]
+        self.lm_head = _frozen(model.get_output_embeddings(), linear=linear)
+        self.cross_mask = additive_key_mask(source_mask, model.config.decoder_attention_heads, sources.dtype)
 
     def next_token_logits(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """The decoder and the LM head (with the logits bias) on the newest tokens (B, 1) at `position`: (B, vocab),
-        a new tensor nothing else refers to (the additions are in place on the fresh results: the same roundings)."""
-        hidden = self.embed_tokens(tokens[:, 0]) * self.embed_scale
-        hidden.add_(self.positions.range(position, 1, hidden.dtype, hidden.device))
+        a new tensor nothing else refers to (the model's embedding step, final norm and output projection around
+        this loop's layer steps)."""
+        hidden = self.decoder.embed(tokens, past_length=position)[:, 0]
         for layer in self.layers:
             hidden = layer.step(hidden, position, self.cross_mask)
-        if self.final_norm is not None:
-            hidden = self.final_norm(hidden)
-        logits = self.lm_head(hidden)
-        return logits if self.logits_bias is None else logits.add_(self.logits_bias)
+        return self.model.output_logits(self.decoder.normalize_output(hidden), self.lm_head, in_place=True)
 
 
 def _repeats(x: torch.Tensor, group: int) -> bool:

@@ -17,7 +17,6 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -31,8 +30,10 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .attention_patterns_vaswani import pattern_attention, self_attention_cache, self_attention_mask
+from .attention_patterns_vaswani import pattern_attention
+from .caches_vaswani import self_attention_cache
 from .configuration_vaswani import VaswaniConfig
+from .masks_vaswani import cross_attention_mask, masked_softmax, self_attention_mask
 from .positions_vaswani import SinusoidalPositions
 
 logger = logging.get_logger(__name__)
@@ -74,51 +75,52 @@ def eager_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scaling + mask) v. q (B, H, Tq, D), k/v (B, H, Tk, D); the mask additive (float) or boolean
     (True = attend), broadcastable to (B, H, Tq, Tk), or None (then causal for a causal module) -> out (B, Tq, H, D),
-    weights (B, H, Tq, Tk). Half-precision scores are softmaxed in float32; a row that may attend to nothing gets
-    uniform weights (the dtype's minimum, not -inf), so it stays finite."""
+    weights (B, H, Tq, Tk). The softmax is masks_vaswani.masked_softmax (float32 for half precision; the dtype's
+    finite minimum where masked, so a row that may attend to nothing stays finite)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is None and module.is_causal and query.shape[2] > 1:
         attention_mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         attention_mask = attention_mask.tril(key.shape[2] - query.shape[2])  # True on and below the diagonal
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-    elif attention_mask is not None:
-        scores = scores + attention_mask
-    full_precision = scores.dtype in (torch.float32, torch.float64)
-    weights = (scores if full_precision else scores.float()).softmax(-1).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
+    weights = masked_softmax(scores, attention_mask, dropout, module.training)
     out = torch.matmul(weights, value)
     return out.transpose(1, 2).contiguous(), weights
 
 
-def _unpad_keys_for_flash(key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor, query_length: int):
+def flash_cross_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
     """Flash cross-attention with padding in the source. transformers' generic path derives the query padding from
     the key mask (right only when queries and keys are one sequence; transformers#35032): here the keys are packed by
-    their own mask, the queries stay whole, and the kernel gets separate cumulative lengths for the two sides.
-    Returns packed k/v (1, H, N, D) and the varlen kwargs."""
-    batch = key.shape[0]
+    their own (B, S) mask, the queries stay whole, and the kernel gets separate cumulative lengths for the two sides
+    (packed k/v (1, H, N, D)). Without padding, the registered flash function as it is."""
+    attend = ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation]
+    if not (torch.is_tensor(attention_mask) and attention_mask.dim() == 2):
+        return attend(module, query, key, value, attention_mask, **kwargs)
+    key_mask, batch, query_length = attention_mask.bool(), key.shape[0], query.shape[2]
     lengths = key_mask.sum(-1, dtype=torch.int32)
     keep = key_mask.flatten().nonzero().squeeze(-1)
     packed_key = key.transpose(0, 1).flatten(1, 2)[:, keep].unsqueeze(0)
     packed_value = value.transpose(0, 1).flatten(1, 2)[:, keep].unsqueeze(0)
     cu_seq_lens_k = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
     cu_seq_lens_q = torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32, device=key.device)
-    kwargs = dict(cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k, max_length_q=query_length,
+    varlen = dict(cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k, max_length_q=query_length,
                   max_length_k=int(lengths.max()))
-    return packed_key, packed_value, kwargs
+    return attend(module, query, packed_key, packed_value, None, **{**kwargs, **varlen})
 
 
-def _attend_somewhere(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A (B, S) padding mask whose all-padding rows attend to every position instead of none (NaN in some
-    backends). Their outputs are never used; the other rows are untouched."""
-    if not torch.is_tensor(attention_mask) or attention_mask.dim() != 2:
-        return attention_mask
-    return torch.where(attention_mask.bool().any(-1, keepdim=True), attention_mask, torch.ones_like(attention_mask))
+def attention_function(module: nn.Module, cross: bool) -> Callable:
+    """The one dispatch: the function `module` attends with under the current attention implementation. A long-input
+    pattern's own function, flash cross-attention's unpadding, or the registered backend (our eager by default)."""
+    implementation = module.config._attn_implementation
+    if module.pattern != "full":
+        return pattern_attention(module.pattern, implementation)
+    if cross and "flash" in implementation:
+        return flash_cross_attention
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
 class VaswaniAttention(nn.Module):
     """Multi-head attention. One class serves encoder self-, decoder self- and cross-attention: the caller passes
-    `key_value_states` (the encoder output) for cross-attention. A long-input `pattern` replaces the backend."""
+    `key_value_states` (the encoder output) for cross-attention. What attends is `attention_function`'s choice (a
+    long-input `pattern` has its own functions)."""
 
     def __init__(self, config: VaswaniConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None,
                  pattern: str = "full"):
@@ -147,7 +149,8 @@ class VaswaniAttention(nn.Module):
         cache: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, d); key_value_states (B, S, d) for cross-attention -> (B, T, d), weights or None."""
+        """hidden_states (B, T, d); key_value_states (B, S, d) for cross-attention -> (B, T, d), weights or None.
+        The attention function gets this module's layer of the cache as `cache_layer` (a pattern's state)."""
         is_cross = key_value_states is not None
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
@@ -162,22 +165,17 @@ class VaswaniAttention(nn.Module):
             source = key_value_states if is_cross else hidden_states
             key = self._split_heads(self.k_proj(source))
             value = self._split_heads(self.v_proj(source))
-            if layer_cache is not None and self.pattern != "linear":  # linear attention caches running sums instead
+            if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross:
                     cache.is_updated[self.layer_idx] = True
 
-        implementation = self.config._attn_implementation
-        if is_cross and "flash" in implementation and torch.is_tensor(attention_mask) and attention_mask.dim() == 2:
-            key, value, varlen_kwargs = _unpad_keys_for_flash(key, value, attention_mask.bool(), query.shape[2])
-            kwargs = {**kwargs, **varlen_kwargs}
-            attention_mask = None
-
-        attend: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        if self.pattern != "full":  # a long-input pattern's own function (linear attention reads its sums in the cache)
-            attend, kwargs = pattern_attention(self.pattern, implementation), {**kwargs, "linear_state": layer_cache}
+        attend = attention_function(self, is_cross)
         dropout = self.config.attention_dropout if self.training else 0.0
-        out, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout, **kwargs)
+        cache_layer = layer_cache.layers[self.layer_idx] if layer_cache is not None and self.layer_idx < len(
+            layer_cache.layers) else None
+        out, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout,
+                              cache_layer=cache_layer, **kwargs)
         return self.o_proj(out.reshape(*out.shape[:2], -1)), weights
 
 
@@ -201,12 +199,17 @@ class _Sublayers:
     """The residual connection around each sub-layer, x + dropout(sublayer(x)), with the layer norm after it (post-LN,
     the paper) or at the start of the branch (pre-LN, `normalize_before`)."""
 
-    def _residual(self, norm: nn.LayerNorm, hidden_states: torch.Tensor, sublayer: Callable) -> torch.Tensor:
+    def _residual(self, norm: Callable, hidden_states: torch.Tensor, sublayer: Callable,
+                  add: Callable | None = None) -> torch.Tensor:
+        """`add(residual, branch)` makes the sum: by default `_add`; the decoding loop adds in place on its fresh
+        branch output (the same sum, the same rounding)."""
+        add = add or self._add
         if self.normalize_before:
-            branch = sublayer(norm(hidden_states))
-            return hidden_states + F.dropout(branch, p=self.dropout, training=self.training)
-        branch = sublayer(hidden_states)
-        return norm(hidden_states + F.dropout(branch, p=self.dropout, training=self.training))
+            return add(hidden_states, sublayer(norm(hidden_states)))
+        return norm(add(hidden_states, sublayer(hidden_states)))
+
+    def _add(self, residual: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        return residual + F.dropout(branch, p=self.dropout, training=self.training)
 
 
 class VaswaniEncoderLayer(_Sublayers, GradientCheckpointingLayer):
@@ -260,18 +263,28 @@ class VaswaniDecoderLayer(_Sublayers, GradientCheckpointingLayer):
     ) -> torch.Tensor:
         """hidden_states (B, T, d), encoder_hidden_states (B, S, d) -> (B, T, d)."""
         kwargs.pop("use_cache", None)
-        hidden_states = self._residual(
-            self.self_attn_layer_norm,
+        return self.sublayers(
             hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0],
-        )
-        hidden_states = self._residual(
-            self.encoder_attn_layer_norm,
-            hidden_states,
             lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
                                         key_value_states=encoder_hidden_states, cache=cache, **kwargs)[0],
+            self.ffn,
         )
-        return self._residual(self.final_layer_norm, hidden_states, self.ffn)
+
+    @property
+    def sublayer_norms(self) -> tuple[nn.LayerNorm, nn.LayerNorm, nn.LayerNorm]:
+        """The norms of the three sub-layers, in their order."""
+        return self.self_attn_layer_norm, self.encoder_attn_layer_norm, self.final_layer_norm
+
+    def sublayers(self, hidden_states: torch.Tensor, self_attention: Callable, cross_attention: Callable,
+                  feed_forward: Callable, norms: tuple | None = None, add: Callable | None = None) -> torch.Tensor:
+        """The layer's order, written once: self-attention, cross-attention, feed-forward, each inside `_residual`.
+        The forward gives its modules; the decoding loop gives its own branches (the same weights, frozen), its norms
+        (the same modules' functions, `norms`) and an in-place `add`."""
+        self_norm, cross_norm, ffn_norm = norms or self.sublayer_norms
+        hidden_states = self._residual(self_norm, hidden_states, self_attention, add)
+        hidden_states = self._residual(cross_norm, hidden_states, cross_attention, add)
+        return self._residual(ffn_norm, hidden_states, feed_forward, add)
 
 
 class VaswaniPreTrainedModel(PreTrainedModel):
@@ -345,7 +358,26 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             init.zeros_(module.final_logits_bias)
 
 
-class VaswaniEncoder(VaswaniPreTrainedModel):
+class _Stack:
+    """What the encoder and decoder stacks do around their layers, written once (the decoding loop calls these too)."""
+
+    def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None = None,
+              past_length: int = 0) -> torch.Tensor:
+        """The embedding step: token embeddings (x sqrt(d_model) if `scale_embedding`) + the positions from
+        `past_length` on, then dropout. input_ids (B, T) or inputs_embeds (B, T, d) -> (B, T, d)."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale
+        positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], inputs_embeds.dtype,
+                                               inputs_embeds.device)
+        return F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
+
+    def normalize_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The final layer norm of a pre-LN stack (post-LN stacks end on their last layer's norm)."""
+        return hidden_states if self.layer_norm is None else self.layer_norm(hidden_states)
+
+
+class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
     """The encoder stack: token embedding (x sqrt(d_model) if `scale_embedding`) + positions -> dropout -> layers
     (-> final norm when pre-LN). `embed_tokens` is the model's shared embedding."""
 
@@ -373,22 +405,15 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        inputs_embeds = inputs_embeds * self.embed_scale
-        positions = self.embed_positions.range(0, inputs_embeds.shape[1], inputs_embeds.dtype, inputs_embeds.device)
-        hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
-
-        attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, inputs_embeds,
-                                             _attend_somewhere(attention_mask), causal=False)
+        hidden_states = self.embed(input_ids, inputs_embeds)
+        attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, hidden_states,
+                                             attention_mask, causal=False)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states)
+        return BaseModelOutput(last_hidden_state=self.normalize_output(hidden_states))
 
 
-class VaswaniDecoder(VaswaniPreTrainedModel):
+class VaswaniDecoder(_Stack, VaswaniPreTrainedModel):
     """The decoder stack: embeddings + positions (continuing from the cache length) -> layers of causal
     self-attention, cross-attention over the encoder output and FFN (-> final norm when pre-LN)."""
 
@@ -426,29 +451,20 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
         prepared 4D mask; encoder_hidden_states (B, S, d); encoder_attention_mask (B, S) source padding."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        inputs_embeds = inputs_embeds * self.embed_scale
-
         if use_cache and cache is None:
             cache = EncoderDecoderCache(self_attention_cache(self.config), DynamicCache(config=self.config))
-        past_length = cache.get_seq_length() if cache is not None else 0
-        positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], inputs_embeds.dtype,
-                                               inputs_embeds.device)
-        hidden_states = F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
+        hidden_states = self.embed(input_ids, inputs_embeds, cache.get_seq_length() if cache is not None else 0)
 
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, inputs_embeds,
-                                          _attend_somewhere(attention_mask), causal=True, cache=self_cache)
-        encoder_attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=_attend_somewhere(encoder_attention_mask),
-            encoder_hidden_states=encoder_hidden_states)
+        causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, hidden_states,
+                                          attention_mask, causal=True, cache=self_cache)
+        encoder_attention_mask = cross_attention_mask(self.config, hidden_states, encoder_attention_mask,
+                                                      encoder_hidden_states)
         for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
             hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states,
                                   encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.normalize_output(hidden_states),
+                                                         cache=cache)
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -591,6 +607,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return super()._beam_search(input_ids, logits_processor, stopping_criteria, generation_config,
                                     synced_gpus=synced_gpus, **model_kwargs)
 
+    def output_logits(self, hidden_states: torch.Tensor, lm_head: Callable | None = None,
+                      in_place: bool = False) -> torch.Tensor:
+        """The output projection to the vocabulary, plus `final_logits_bias` where the model has one. The decoding
+        loop gives its frozen copy of `lm_head` and adds the bias in place on the fresh logits (the same rounding)."""
+        logits = (lm_head or self.lm_head)(hidden_states)
+        if self.final_logits_bias is None:
+            return logits
+        bias = self.final_logits_bias.to(logits.dtype)
+        return logits.add_(bias) if in_place else logits + bias
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
@@ -638,9 +664,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs, cache=cache,
             inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs)
-        logits = self.lm_head(outputs.last_hidden_state)
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias.to(logits.dtype)
+        logits = self.output_logits(outputs.last_hidden_state)
         loss = self.compute_loss(logits, labels, num_items_in_batch) if labels is not None else None
         return Seq2SeqLMOutput(
             loss=loss,

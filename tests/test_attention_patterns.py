@@ -17,15 +17,13 @@ from helpers import make_model, padded_batch
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.attention_patterns_vaswani import (
-    BlockSparseLayer,
-    LinearAttentionState,
-    RollingWindowLayer,
     block_sparse_attention,
     linear_attention,
     local_attention,
-    mask_function,
     pattern_attention,
 )
+from vaswani.caches_vaswani import BlockSparseLayer, LinearAttentionState, RollingWindowLayer
+from vaswani.masks_vaswani import mask_function
 
 PATTERNS = ("local", "block_sparse", "linear")
 
@@ -49,8 +47,9 @@ def _padding(batch=3, length=23):
 
 
 def _allowed(pattern, causal, length, padding, window=3, block=4, globals_=0):
-    """The pattern as a dense (B, T, T) boolean matrix, position by position; each query sees itself."""
-    allowed = torch.zeros(padding.shape[0], length, length, dtype=torch.bool)
+    """The pattern as a dense (B, T, T) boolean matrix, position by position, over the real keys; a query with no
+    real key among those the pattern lets it see sees all of them (the masks' rule for rows with no real keys)."""
+    pattern_keys = torch.zeros(length, length, dtype=torch.bool)
     for i in range(length):
         for j in range(length):
             if causal and j > i:
@@ -59,10 +58,10 @@ def _allowed(pattern, causal, length, padding, window=3, block=4, globals_=0):
                 inside = (i - j < window) if causal else abs(i - j) <= window
             else:
                 inside = abs(i // block - j // block) <= 1 or i < globals_ or j < globals_
-            allowed[:, i, j] = inside and True
-    allowed &= padding[:, None, :]
-    allowed |= torch.eye(length, dtype=torch.bool)
-    return allowed
+            pattern_keys[i, j] = inside
+    allowed = pattern_keys & padding[:, None, :]
+    no_real_key = ~allowed.any(-1, keepdim=True)
+    return allowed | (pattern_keys & no_real_key)
 
 
 def _dense(query, key, value, allowed):
@@ -110,18 +109,19 @@ def test_mask_functions_are_the_patterns():
             q, kv = torch.arange(23)[:, None], torch.arange(23)[None, :]
             dense = function(0, 0, q, kv) & ((kv <= q) if causal else True)
             expected = _allowed(pattern, causal, 23, padding, window=3, block=4, globals_=2)[0]
-            assert torch.equal(dense | torch.eye(23, dtype=torch.bool), expected), (pattern, causal)
+            assert torch.equal(dense, expected), (pattern, causal)
 
 
 def _linear_reference(query, key, value, padding, causal):
-    """out_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps), j over real keys (and j <= i)."""
+    """out_i = sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps), j over real keys (and j <= i); a row
+    with no real key sums over all its keys."""
     phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
     out = torch.zeros_like(query)
     for b in range(query.shape[0]):
         for i in range(query.shape[2]):
-            keys = [j for j in range(key.shape[2]) if padding[b, j] and (not causal or j <= i)]
-            similarity = torch.stack([(phi(query[b, :, i]) * phi(key[b, :, j])).sum(-1) for j in keys], -1) if keys \
-                else query.new_zeros(query.shape[1], 0)
+            seen = [j for j in range(key.shape[2]) if not causal or j <= i]
+            keys = [j for j in seen if padding[b, j]] or seen  # no real key: every key it may see (the masks' rule)
+            similarity = torch.stack([(phi(query[b, :, i]) * phi(key[b, :, j])).sum(-1) for j in keys], -1)
             values = value[b][:, keys]  # (H, J, D)
             out[b, :, i] = (similarity[..., None] * values).sum(1) / (similarity.sum(-1, keepdim=True) + 1e-6)
     return out.transpose(1, 2)
@@ -133,7 +133,7 @@ def test_linear_attention_equals_formula(causal, length):
     query, key, value = _qkv(length=length)
     padding = torch.ones(3, length, dtype=torch.bool)
     padding[1, length - 6:] = False
-    padding[2, :] = False  # all padding: finite (zero)
+    padding[2, :] = False  # all padding: every key, as if none were padding
     out, _ = linear_attention(_module(causal), query, key, value, padding, scaling=1.0)
     torch.testing.assert_close(out, _linear_reference(query, key, value, padding, causal), rtol=1e-10, atol=1e-12)
     assert torch.isfinite(out).all()
@@ -146,7 +146,7 @@ def test_linear_attention_state_continues_the_sums():
     whole, _ = linear_attention(module, query, key, value, None, scaling=1.0)
     state = SimpleNamespace(layers=[LinearAttentionState()])
     pieces = [linear_attention(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, scaling=1.0,
-                               linear_state=state)[0] for a, b in ((0, 33), (33, 34), (34, 70))]
+                               cache_layer=state.layers[0])[0] for a, b in ((0, 33), (33, 34), (34, 70))]
     torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-12, atol=1e-12)
     assert state.layers[0].get_seq_length() == 70 and state.layers[0].sums.shape == (3, 2, 8, 8)
 

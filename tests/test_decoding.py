@@ -191,6 +191,54 @@ def test_blocker_names_the_reason(tiny_config):
         assert "flash_attention_2" in lean_blocker(model, input_ids=ids, generation_config=mock.Mock())
 
 
+def _falls_back(model, **inputs):
+    """Whether greedy search and beam search ran transformers' loops (the lean loops raise if called)."""
+    with mock.patch(LEAN.format("lean_sample"), side_effect=AssertionError("the lean loop ran")), \
+            mock.patch(LEAN.format("lean_beam_search"), side_effect=AssertionError("the lean loop ran")):
+        for beams in (1, 3):
+            model.generate(**inputs, num_beams=beams, max_new_tokens=3)
+    return True
+
+
+@pytest.mark.parametrize("field, value", [("position_encoding", "rotary"), ("activation_function", "tanh"),
+                                          ("normalize_before", None)])
+def test_a_config_value_outside_the_allow_list_falls_back(tiny_config, field, value):
+    """A value the lean loop was not written for (here set after building, as a future option would be) sends
+    generate to transformers' loop."""
+    model = make_model(tiny_config)
+    inputs = dict(input_ids=padded_batch(3)["input_ids"][:2])
+    with torch.no_grad():
+        object.__setattr__(model.config, field, value)
+        assert f"{field}={value!r}" == lean_blocker(model, input_ids=torch.zeros(2, 1), generation_config=mock.Mock())
+        assert _falls_back(model, **inputs)
+
+
+def test_a_config_field_outside_the_allow_list_falls_back(tiny_config):
+    """A config field the lean loop does not know (a subclass's new option) sends generate to transformers' loop."""
+    from dataclasses import dataclass
+
+    from vaswani import VaswaniConfig
+
+    @dataclass(repr=False)
+    class NewOption(VaswaniConfig):
+        decoder_new_option: int = 1
+
+    config = NewOption.from_preset("tiny", dropout=0.0)
+    model = make_model(config)
+    with torch.no_grad():
+        assert "decoder_new_option" in lean_blocker(model, input_ids=torch.zeros(2, 1), generation_config=mock.Mock())
+        assert _falls_back(model, input_ids=padded_batch(3)["input_ids"][:2])
+
+
+def test_a_module_type_outside_the_allow_list_falls_back(tiny_config):
+    """A plain torch module (one the fast paths' module contract accepts) that the lean loop was not written for."""
+    model = make_model(tiny_config)
+    model.model.decoder.layers[1].ffn.activation = torch.nn.Identity()
+    with torch.no_grad():
+        assert "Identity" in decoding_vaswani.module_blocker(model)
+        assert _falls_back(model, input_ids=padded_batch(3)["input_ids"][:2])
+
+
 def test_a_fully_padded_source_row_decodes_as_in_transformers(tiny_config):
     model = make_model(tiny_config, seed=8).double()
     batch = padded_batch(15, batch=4)

@@ -2,16 +2,18 @@
 hand-computed loss, the same computation without cache or without padding)."""
 
 import math
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForSeq2SeqLM, EncoderDecoderCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
-from vaswani.modeling_vaswani import _unpad_keys_for_flash
+from vaswani.modeling_vaswani import flash_cross_attention
 from helpers import VOCAB, make_model, padded_batch, rel_err  # noqa: F401
 
 @pytest.mark.parametrize("normalize_before", [False, True])
@@ -270,24 +272,33 @@ def test_user_4d_mask_passes_through(tiny_config):
     assert not torch.allclose(hidden, encoder_out.last_hidden_state)
 
 
-def test_flash_cross_attention_packing_matches_padded_attention():
+def test_flash_cross_attention_packing_matches_padded_attention(monkeypatch):
     """The packing used for flash cross-attention (keys by their own mask, queries whole, separate cumulative
     lengths), evaluated with a plain varlen reference on CPU, equals masked attention."""
     g = torch.Generator().manual_seed(0)
     batch, heads, tq, tk, dim = 3, 2, 4, 6, 8
     q, k, v = (torch.randn(batch, heads, t, dim, generator=g) for t in (tq, tk, tk))
     key_mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3, [1] * 4 + [0] * 2]).bool()
-    packed_k, packed_v, kw = _unpad_keys_for_flash(k, v, key_mask, tq)
-    flat_q = q.transpose(1, 2).reshape(-1, heads, dim)  # what the varlen path does with (B, Tq, H, D)
-    flat_k, flat_v = packed_k[0].transpose(0, 1), packed_v[0].transpose(0, 1)  # (N, H, D)
-    outs = []
-    for b in range(batch):
-        qs = flat_q[kw["cu_seq_lens_q"][b] : kw["cu_seq_lens_q"][b + 1]]
-        ks = flat_k[kw["cu_seq_lens_k"][b] : kw["cu_seq_lens_k"][b + 1]]
-        vs = flat_v[kw["cu_seq_lens_k"][b] : kw["cu_seq_lens_k"][b + 1]]
-        weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(dim), -1)
-        outs.append(torch.einsum("hqk,khd->qhd", weights, vs))
-    varlen = torch.stack(outs)  # (B, Tq, H, D)
+    seen = {}
+
+    def varlen_flash(module, query, packed_k, packed_v, attention_mask, **kw):  # a plain varlen kernel on the CPU
+        assert attention_mask is None
+        seen.update(kw)
+        flat_q = query.transpose(1, 2).reshape(-1, heads, dim)  # what the varlen path does with (B, Tq, H, D)
+        flat_k, flat_v = packed_k[0].transpose(0, 1), packed_v[0].transpose(0, 1)  # (N, H, D)
+        outs = []
+        for b in range(batch):
+            qs = flat_q[kw["cu_seq_lens_q"][b] : kw["cu_seq_lens_q"][b + 1]]
+            ks = flat_k[kw["cu_seq_lens_k"][b] : kw["cu_seq_lens_k"][b + 1]]
+            vs = flat_v[kw["cu_seq_lens_k"][b] : kw["cu_seq_lens_k"][b + 1]]
+            weights = torch.softmax(torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(dim), -1)
+            outs.append(torch.einsum("hqk,khd->qhd", weights, vs))
+        return torch.stack(outs), None  # (B, Tq, H, D)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_2", varlen_flash)
+    module = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    varlen, _ = flash_cross_attention(module, q, k, v, key_mask.long())
+    kw = seen
     reference = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :]).transpose(1, 2)
     assert kw["max_length_k"] == 6 and kw["max_length_q"] == tq
     assert torch.allclose(varlen, reference, atol=1e-6)
@@ -425,7 +436,8 @@ def test_save_load_round_trip_exact(tiny_config, tmp_path):
     names = {p.name for p in tmp_path.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json"} <= names
     assert {"configuration_vaswani.py", "modeling_vaswani.py", "positions_vaswani.py", "fast_paths_vaswani.py",
-            "decoding_vaswani.py", "onednn_vaswani.py", "attention_patterns_vaswani.py"} <= names
+            "decoding_vaswani.py", "onednn_vaswani.py", "attention_patterns_vaswani.py", "masks_vaswani.py",
+            "caches_vaswani.py"} <= names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(loaded) is VaswaniForConditionalGeneration
