@@ -23,6 +23,8 @@ def released(trained_run, tmp_path_factory):
 def test_release_stores_16_bit_weights_and_loads_in_float32(released):
     from transformers import AutoModelForSeq2SeqLM
 
+    from vaswani import VaswaniTokenizer
+
     run, folder = released
     names = {p.name for p in folder.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "spm.model", "tokenizer_config.json",
@@ -34,11 +36,19 @@ def test_release_stores_16_bit_weights_and_loads_in_float32(released):
     assert (folder / "model.safetensors").stat().st_size < 0.6 * (run / "model.safetensors").stat().st_size
     model = AutoModelForSeq2SeqLM.from_pretrained(folder)
     assert model.dtype == torch.float32  # the config asks for float32: it computes as it was scored
-    original = AutoModelForSeq2SeqLM.from_pretrained(run)
+    original = AutoModelForSeq2SeqLM.from_pretrained(run).eval()
+    model.eval()
     for name, tensor in model.state_dict().items():
         if name in stored:
             torch.testing.assert_close(tensor, stored[name].float(), rtol=0, atol=0)
-            torch.testing.assert_close(tensor, original.state_dict()[name], rtol=1e-3, atol=1e-3)
+    tokenizer = VaswaniTokenizer.from_pretrained(folder)
+    batch = tokenizer(["HELLO", "WORLD", "TRANSFORMER"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        decoder_input_ids = original.generate(**batch, num_beams=1)
+        a = original(**batch, decoder_input_ids=decoder_input_ids).logits
+        b = model(**batch, decoder_input_ids=decoder_input_ids).logits
+    assert not torch.equal(a, b)  # the weights were rounded to 16 bits
+    torch.testing.assert_close(b, a, atol=0.05, rtol=0.01)  # and compute the same function within that rounding
 
 
 def test_release_figures_are_those_of_the_stored_weights(released):
@@ -85,3 +95,7 @@ def test_release_refuses_what_is_not_a_finished_run(trained_run, tmp_path, capsy
         release_main([str(tmp_path), str(tmp_path / "release")])
     assert exit_info.value.code == 2
     assert "vaswani-release: error:" in capsys.readouterr().err
+    assert release_main([str(run), str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
+    assert "MB)" in capsys.readouterr().out
+    with safe_open(tmp_path / "bf16" / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}

@@ -6,8 +6,7 @@
 API), the tokenizer (`spm.model`,
 `tokenizer_config.json`), `README.md` (the model card) and `metrics.json`.
 
-`write_release_folder` makes the small folder of a model we publish from a finished run's folder: the same files in
-16-bit weights (a G2P model in a few MB), without the training leftovers.
+The small folder of a model we publish (16-bit weights, scored again) is `release.py`'s.
 
 The training run also leaves `checkpoints/`, `runs/` and `train_log.jsonl` in the same folder; `push_folder`
 uploads only the model's own files (`hub_files` lists them) in one `HfApi.create_commit`.
@@ -36,49 +35,6 @@ def write_model_folder(folder, model, tokenizer, card=None, metrics: dict | None
     if metrics is not None:
         (folder / "metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
     return folder
-
-
-def write_release_folder(model_folder, release_folder, dtype: str = "float16") -> Path:
-    """A Hub-ready copy of a finished run's model folder with `dtype` weights (float16 or bfloat16): model, configs,
-    code, tokenizer, its model card and metrics.json, nothing of the training run (checkpoints, logs)."""
-    import torch
-
-    from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
-
-    if dtype not in ("float16", "bfloat16"):
-        raise ValueError(f"dtype={dtype!r}: a release folder holds float16 or bfloat16 weights")
-    source, folder = Path(model_folder), Path(release_folder)
-    for required in ("config.json", "model.safetensors", "README.md", "metrics.json"):
-        if not (source / required).is_file():
-            raise ValueError(f"{source} has no {required}; pass the --output_dir of a finished vaswani-train run")
-    if folder.resolve() == source.resolve():
-        raise ValueError("the release folder must differ from the run's folder")
-    model = VaswaniForConditionalGeneration.from_pretrained(source, dtype=torch.float32).to(getattr(torch, dtype))
-    tokenizer = VaswaniTokenizer.from_pretrained(source)
-    metrics = json.loads((source / "metrics.json").read_text(encoding="utf-8"))
-    from huggingface_hub import ModelCard
-
-    return write_model_folder(folder, model, tokenizer, card=ModelCard.load(source / "README.md"),
-                              metrics=metrics)
-
-
-def release_main(argv=None) -> int:
-    """`python scripts/release_model.py RUN_DIR RELEASE_DIR`: `write_release_folder` from the command line."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Write the small Hub-ready folder of a finished run's model "
-                                                 "(16-bit weights, configs, code, tokenizer, model card, metrics).")
-    parser.add_argument("model_folder", help="the --output_dir of a finished vaswani-train run")
-    parser.add_argument("release_folder")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
-    options = parser.parse_args(argv)
-    try:
-        folder = write_release_folder(options.model_folder, options.release_folder, options.dtype)
-    except ValueError as error:
-        parser.error(str(error))
-    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    print(f"wrote {folder} ({size / 1e6:.1f} MB)")
-    return 0
 
 
 def hub_files(folder) -> list[str]:
