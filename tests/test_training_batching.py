@@ -126,6 +126,12 @@ def test_collator_pads_and_masks():
     assert batch["input_ids"].tolist() == [[5, 6, 2], [9, 2, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[7, 2, -100, -100], [8, 8, 8, 2]]
+    assert {t.dtype for t in batch.values()} == {torch.long}
+    as_tensors = Seq2SeqCollator(pad_token_id=0)(  # features as tensors (a datasets.Dataset with format "torch")
+        [{"input_ids": torch.tensor([5, 6, 2]), "labels": torch.tensor([7, 2])},
+         {"input_ids": torch.tensor([9, 2]), "labels": torch.tensor([8, 8, 8, 2])}]
+    )
+    assert all(torch.equal(as_tensors[k], batch[k]) for k in batch)
 
 
 def _dataset():

@@ -212,17 +212,19 @@ class Seq2SeqCollator:
         self.label_pad_id = label_pad_id
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        src_len = max(len(f["input_ids"]) for f in features)
-        tgt_len = max(len(f["labels"]) for f in features)
-        input_ids = torch.full((len(features), src_len), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(features), src_len), dtype=torch.long)
-        labels = torch.full((len(features), tgt_len), self.label_pad_id, dtype=torch.long)
-        for row, f in enumerate(features):
-            n, m = len(f["input_ids"]), len(f["labels"])
-            input_ids[row, :n] = torch.as_tensor(f["input_ids"], dtype=torch.long)
-            attention_mask[row, :n] = 1
-            labels[row, :m] = torch.as_tensor(f["labels"], dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        sources = [_as_list(f["input_ids"]) for f in features]  # lists padded in Python, then one tensor each
+        targets = [_as_list(f["labels"]) for f in features]
+        src_len, tgt_len = max(map(len, sources)), max(map(len, targets))
+        mask = [[1] * len(s) + [0] * (src_len - len(s)) for s in sources]
+        input_ids = [s + [self.pad_token_id] * (src_len - len(s)) for s in sources]
+        labels = [t + [self.label_pad_id] * (tgt_len - len(t)) for t in targets]
+        return {"input_ids": torch.tensor(input_ids, dtype=torch.long),
+                "attention_mask": torch.tensor(mask, dtype=torch.long),
+                "labels": torch.tensor(labels, dtype=torch.long)}
+
+
+def _as_list(ids) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a tensor or an array, or a list already
 
 
 def prepare_sharded_loader(accelerator, dataloader, non_blocking: bool = False):

@@ -1,9 +1,11 @@
 """An exponential moving average (EMA) of the weights: what the loop evaluates, keeps as best and exports.
 
 Averaging the weights over the last few hundred updates removes most of the noise a high learning rate leaves in
-them, at the cost of one `lerp` per parameter per update (its effect on the G2P job: docs/history.md). Built on `torch.optim.swa_utils.AveragedModel`; the decay is warmed up
-as `min(decay, (1 + n) / (10 + n))` after `n` updates, so early averages are not dominated by the random
-initialisation (the rule of TensorFlow's ExponentialMovingAverage `num_updates`).
+them, at the cost of one `lerp` per parameter per update (its effect on the G2P job: docs/history.md), done as one
+`torch._foreach_lerp_` over parameter lists bound once (what `torch.optim.swa_utils.AveragedModel` computes, without
+rebuilding its lists on every update). The decay is warmed up as `min(decay, (1 + n) / (10 + n))` after `n` updates,
+so early averages are not dominated by the random initialisation (the rule of TensorFlow's ExponentialMovingAverage
+`num_updates`); the first update copies the weights.
 
 State for exact resume: one safetensors file in the checkpoint folder (so the checkpoint's sha256 marker covers
 it) with the averaged parameters and, in its metadata, the number of updates.
@@ -11,12 +13,12 @@ it) with the averaged parameters and, in its metadata, the number of updates.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from torch.optim.swa_utils import AveragedModel
 
 from .train_state import load_weights, save_weights
 
@@ -35,25 +37,31 @@ class WeightEMA:
         if not 0 < decay < 1:
             raise ValueError(f"ema decay={decay} must be in (0, 1); 0.998 averages over ~500 updates")
         self.decay = decay
-        self._averaged = AveragedModel(model, multi_avg_fn=self._lerp)
+        self.module = copy.deepcopy(model)
         self.module.requires_grad_(False)
         self.module.eval()
+        self.updates = 0
+        self._averaged = [p.detach() for p in self.module.parameters()]  # tied weights once, as parameters() lists
+        self._bound: tuple[torch.nn.Module, list[torch.Tensor]] | None = None
 
-    def _lerp(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged) -> None:
-        weight = 1.0 - warmed_up_decay(self.decay, int(num_averaged))
-        torch._foreach_lerp_(averaged, current, weight)
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self._averaged.module
-
-    @property
-    def updates(self) -> int:
-        return int(self._averaged.n_averaged)
+    def _current(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """`model`'s parameters in the averaged copy's order; the list is built once per model."""
+        if self._bound is None or self._bound[0] is not model:
+            current = [p.detach() for p in model.parameters()]
+            if len(current) != len(self._averaged):
+                raise ValueError(f"the model has {len(current)} parameters, its average {len(self._averaged)}: "
+                                 "average the model the EMA was built from")
+            self._bound = (model, current)
+        return self._bound[1]
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
-        self._averaged.update_parameters(model)
+        current = self._current(model)
+        if self.updates == 0:
+            torch._foreach_copy_(self._averaged, current)
+        else:
+            torch._foreach_lerp_(self._averaged, current, 1.0 - warmed_up_decay(self.decay, self.updates))
+        self.updates += 1
 
     def save(self, folder: str | Path) -> None:
         """The averaged weights (tied ones once, by their first name) to `folder/ema.safetensors`."""
@@ -71,4 +79,4 @@ class WeightEMA:
         if updates is None:  # without it the decay's warm-up would restart: the resume would not be exact
             raise ValueError(f"{path} has no update count in its metadata; it was not written by "
                              "WeightEMA.save. Resume with --ema_decay 0, or start a new run")
-        self._averaged.n_averaged.fill_(int(updates))
+        self.updates = int(updates)
