@@ -546,6 +546,20 @@ def _comparison_dict(c: Comparison) -> dict:
                 round_ratio=c.round_ratios.__dict__, **c.extra)
 
 
+def generation_row(size: str, beams: int, rounds: int, efficiency: dict, log: Callable = log_line) -> Comparison:
+    """Greedy (beams 1) or beam search against Marian, logged; its ceiling goes into `efficiency` (the size's)."""
+    c = compare_generation(size, "sdpa", beams, rounds)
+    log(format_row(c))
+    seconds = GENERATION_TOKENS / c.marian.median, GENERATION_TOKENS / c.vaswani.median
+    ideal = ideal_generation_seconds(size, beams)
+    key = "greedy" if beams == 1 else f"beam{beams}"
+    efficiency[f"generate_{key}"] = {"ideal_s_at_own_gemm_rates": ideal, "marian_s": seconds[0],
+                                     "vaswani_s": seconds[1], "ceiling_over_marian": seconds[0] / ideal}
+    log(f"{size} generate {key}: GEMMs alone at their own rates {ideal:.3f} s, Marian {seconds[0]:.3f} s: "
+        f"a same-FLOP implementation could be at most x{seconds[0] / ideal:.2f} Marian")
+    return c
+
+
 def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: int, memory_lengths: list[int],
                   memory_size: str, prepare_vaswani: Callable | None = None, log: Callable = log_line,
                   fast_paths: list[str] | None = None, output_dir: str | Path | None = None) -> dict:
@@ -594,18 +608,7 @@ def run_benchmark(sizes: list[str], rounds: int, steps: int, generation_rounds: 
         log(f"{size}: ideal step at own GEMM rates {ideal * 1e3:.0f} ms, Marian {marian_step * 1e3:.0f} ms: "
             f"a same-FLOP implementation could be at most x{marian_step / ideal:.2f} Marian")
         for beams in (1, 5):
-            c = compare_generation(size, "sdpa", beams, generation_rounds)
-            comparisons.append(c)
-            log(format_row(c))
-            seconds = GENERATION_TOKENS / c.marian.median, GENERATION_TOKENS / c.vaswani.median
-            ideal = ideal_generation_seconds(size, beams)
-            key = "greedy" if beams == 1 else f"beam{beams}"
-            efficiency[size][f"generate_{key}"] = {
-                "ideal_s_at_own_gemm_rates": ideal, "marian_s": seconds[0], "vaswani_s": seconds[1],
-                "ceiling_over_marian": seconds[0] / ideal,
-            }
-            log(f"{size} generate {key}: GEMMs alone at their own rates {ideal:.3f} s, Marian {seconds[0]:.3f} s: "
-                f"a same-FLOP implementation could be at most x{seconds[0] / ideal:.2f} Marian")
+            comparisons.append(generation_row(size, beams, generation_rounds, efficiency[size], log))
         save_so_far()
     peaks.append(matmul_peak_gflops(peak_size))
     peak = max(peaks)

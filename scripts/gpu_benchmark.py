@@ -66,7 +66,7 @@ def step_flops(config, batch: dict) -> float:
     return 6 * (enc + dec) + 3 * attention
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -78,7 +78,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--peak_n", type=int, default=8192, help="matrix size of the matmul peak measurement")
     parser.add_argument("--output", default="gpu_benchmark.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'size':<6}{'backend':<20}{'step ms [min-max]':>24}{'tokens/s':>12}{'peak GiB':>10}{'MFU':>7}"
+          f"{'gen tok/s':>11}")
+    for r in rows:
+        span = f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]"
+        memory = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"  # measured on CUDA only
+        print(f"{r['size']:<6}{r['backend']:<20}{span:>24}{r['tokens_per_s']:>12.0f}{memory:>10}"
+              f"{r['mfu']:>7.0%}{r['generate_tokens_per_s']:>11.0f}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = build_parser().parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_benchmark: no CUDA device here; run this on a machine with an NVIDIA GPU (or --device cpu)")
     device, dtype = args.device, getattr(torch, args.dtype)
@@ -139,13 +153,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if device == "cuda":
             torch.cuda.empty_cache()
 
-    print(f"\n{'size':<6}{'backend':<20}{'step ms [min-max]':>24}{'tokens/s':>12}{'peak GiB':>10}{'MFU':>7}"
-          f"{'gen tok/s':>11}")
-    for r in rows:
-        span = f"{r['step_ms']:.1f} [{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}]"
-        memory = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"  # measured on CUDA only
-        print(f"{r['size']:<6}{r['backend']:<20}{span:>24}{r['tokens_per_s']:>12.0f}{memory:>10}"
-              f"{r['mfu']:>7.0%}{r['generate_tokens_per_s']:>11.0f}")
+    print_table(rows)
     with open(args.output, "w") as f:
         json.dump({"device": device_name(device), "torch": torch.__version__, "dtype": args.dtype,
                    "matmul_peak_tflops": peak, "rows": rows}, f, indent=2)
