@@ -91,7 +91,7 @@ def flash_cross_attention(module: nn.Module, query, key, value, attention_mask, 
     the key mask (right only when queries and keys are one sequence; transformers#35032): here the keys are packed by
     their own (B, S) mask, the queries stay whole, and the kernel gets separate cumulative lengths for the two sides
     (packed k/v (1, H, N, D)). Without padding, the registered flash function as it is."""
-    attend = ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation]
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
     if not (torch.is_tensor(attention_mask) and attention_mask.dim() == 2):
         return attend(module, query, key, value, attention_mask, **kwargs)
     key_mask, batch, query_length = attention_mask.bool(), key.shape[0], query.shape[2]
