@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 TORCH = os.environ.get("TORCH_VERSION", "2.13.0")
 COMMANDS = ["vaswani-train", "vaswani-generate", "vaswani-finetune", "vaswani-train-tokenizer",
-            "vaswani-convert-marian", "vaswani-average", "vaswani-plot-attention", "vaswani-export"]
+            "vaswani-convert-marian", "vaswani-average", "vaswani-release", "vaswani-plot-attention", "vaswani-export"]
 SHIPPED = ["vaswani/data/cmudict-g2p/g014b2b.train.tsv", "vaswani/data/cmudict-g2p/SOURCE.md",
            "vaswani/data/model_card.md"]
 _NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
