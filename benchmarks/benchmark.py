@@ -317,9 +317,12 @@ def compare_memory(size: str, lengths: list[int]) -> list[dict]:
     return rows
 
 
-def growth_exponent(rows: list[dict], attn: str, key: str) -> float:
-    """log2 of the memory ratio over the last doubling of source length (1.0 = linear, 2.0 = quadratic)."""
+def growth_exponent(rows: list[dict], attn: str, key: str) -> float | None:
+    """log2 of the memory ratio over the last doubling of source length (1.0 = linear, 2.0 = quadratic); None with
+    fewer than two lengths (`--memory_lengths 512`)."""
     picked = sorted((r["source_length"], r[key]) for r in rows if r["attn"] == attn)
+    if len(picked) < 2:
+        return None
     (n1, m1), (n2, m2) = picked[-2], picked[-1]
     return math.log(m2 / m1) / math.log(n2 / n1)
 
