@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vaswani.training.checkpoints import MARKER, checkpoint_problem, latest_valid_checkpoint, save_checkpoint
+from vaswani.training.checkpoints import (MARKER, checkpoint_problem, latest_valid_checkpoint, refuse_older_run,
+                                         save_checkpoint)
 
 
 def writer(value: float):
@@ -110,3 +111,11 @@ def test_write_best_replaces_the_folder_through_a_temporary_one(tmp_path):
 
     assert torch.equal(load_file(str(tmp_path / BEST_DIR / "model.safetensors"))["w"], torch.full((4,), 2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == [BEST_DIR]
+
+
+def test_a_new_run_refuses_an_older_runs_checkpoints(tmp_path):
+    refuse_older_run(tmp_path, resume=False)  # an empty folder: a new run
+    (tmp_path / "checkpoint-5").mkdir()
+    refuse_older_run(tmp_path, resume=True)
+    with pytest.raises(ValueError, match="already holds checkpoints; pass --resume"):
+        refuse_older_run(tmp_path, resume=False)

@@ -58,6 +58,18 @@ def test_bad_config_override_names_the_field(train_workspace, tmp_path):
     assert "bad model config" in result.stderr and "d_model=30" in result.stderr
 
 
+def test_a_new_run_over_an_older_one_is_refused_before_its_tokenizer_is_touched(train_workspace, tmp_path):
+    state = tmp_path / "o" / "checkpoints"
+    (state / "checkpoint-5").mkdir(parents=True)
+    (state / "tokenizer").mkdir()
+    (state / "tokenizer" / "spm.model").write_bytes(b"the older run's")
+    result = run_train(["--train_file", str(train_workspace / "g2p.tsv"), *QUIET, "--max_steps", "1", "--output_dir",
+                        str(tmp_path / "o")], tmp_path)
+    assert result.returncode != 0
+    assert "vaswani-train: error:" in result.stderr and "already holds checkpoints; pass --resume" in result.stderr
+    assert (state / "tokenizer" / "spm.model").read_bytes() == b"the older run's"
+
+
 def test_parse_overrides():
     assert cli.parse_overrides("d_model=128, encoder_layers=2,normalize_before=true,init_std=none,"
                                "activation_function=gelu,dropout=0.25") == {

@@ -175,6 +175,15 @@ def _prune(output_dir: Path, newest: int, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def refuse_older_run(output_dir: str | Path, resume: bool) -> None:
+    """Raise ValueError when a new run (not `resume`) would start over another run's checkpoints in `output_dir`:
+    its tokenizer and checkpoints would mix with theirs. The command line checks it before it trains a tokenizer,
+    the loop again for callers of the library."""
+    if not resume and any(Path(output_dir).glob("checkpoint-*")):
+        raise ValueError(f"{output_dir} already holds checkpoints; pass --resume to continue that run, or choose "
+                         "another --output_dir")
+
+
 def checkpoint_problem(path: str | Path, check_hashes: bool = True) -> str | None:
     """Why the checkpoint at `path` cannot be trusted, or None if it is complete and intact."""
     path = Path(path)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from vaswani import PRESETS
 
-from .checkpoints import CHECKPOINT_DIR
+from .checkpoints import CHECKPOINT_DIR, refuse_older_run
 from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
 from .loop import EXPORTED, MIXED_PRECISIONS, TrainingSettings, resolve_mixed_precision, settings_dict
 from .recipes import RECIPES, TASK_DEFAULTS, describe, flag_defaults
@@ -410,9 +410,10 @@ def _run_tokenizer(args, data, accelerator):
     else:
         tokenizer_dir = saved_tokenizer
         if accelerator.is_main_process:
-            if any(state_dir.glob("checkpoint-*")) and not args.resume:
-                raise SystemExit(f"vaswani-train: error: {state_dir} already holds checkpoints; pass --resume to "
-                                 "continue that run, or choose another --output_dir")
+            try:
+                refuse_older_run(state_dir, args.resume)
+            except ValueError as error:
+                raise SystemExit(f"vaswani-train: error: {error}") from None
             try:
                 build_tokenizer(data, tokenizer_dir, args.tokenizer_vocab_size, args.tokenizer_model_type)
             except TokenizerTrainingError as error:

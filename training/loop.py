@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
-from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, save_checkpoint, write_best
+from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint, write_best
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation
 from .model_card import describe_optimizer
@@ -352,9 +352,8 @@ class TrainingRun:
         """With `settings.resume`, restore the newest valid checkpoint; without, refuse to mix with an older run."""
         accelerator = self.accelerator
         if not self.settings.resume:
-            if self.main and any(self.checkpoint_dir.glob("checkpoint-*")):
-                raise ValueError(f"{self.checkpoint_dir} already holds checkpoints; pass --resume to continue that "
-                                 "run, or choose another --output_dir")
+            if self.main:
+                refuse_older_run(self.checkpoint_dir, resume=False)
             return
         info = latest_valid_checkpoint(self.checkpoint_dir)
         if info is None:
