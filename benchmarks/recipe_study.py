@@ -73,21 +73,19 @@ def run(name: str, threads: int, train_args: list[str]) -> dict:
 
 
 def decode(name: str, weights: list[str], beams: list[int], length_penalties: list[float]) -> list[dict]:
-    import argparse as _argparse
-
     import torch
     from safetensors.torch import load_file
 
     from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
     from vaswani.training.checkpoints import latest_valid_checkpoint
-    from vaswani.training.cli import task_data
+    from vaswani.training.cli import saved_arguments, task_data
     from vaswani.training.evaluation import evaluate
     from vaswani.training.tasks import encode_pairs
     from vaswani.training.train_state import load_weights
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     run_dir = ROOT / "outputs" / "study" / name
-    args = _argparse.Namespace(**json.loads((run_dir / "training_args.json").read_text(encoding="utf-8")))
+    args = saved_arguments(run_dir)
     data = task_data(args)
     tokenizer = VaswaniTokenizer.from_pretrained(run_dir / "checkpoints" / "tokenizer")
     last = latest_valid_checkpoint(run_dir / "checkpoints")

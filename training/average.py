@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from .checkpoints import CHECKPOINT_DIR
-from .cli import export_run, make_settings, task_data
+from .cli import export_run, make_settings, saved_arguments, task_data
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def average_run(argv=None) -> dict:
     from .evaluation import describe_final, final_evaluation
     from .loop import TrainingResult
 
-    args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
+    args = saved_arguments(run)
     args.output_dir, args.average_last, args.resume = str(output_dir), options.last, False
     args.push_to_hub, args.hub_model_id, args.hub_private = options.push_to_hub, options.hub_model_id, options.hub_private
     if options.num_beams:
@@ -80,12 +80,9 @@ def average_run(argv=None) -> dict:
         parser.error(str(error))
     print(describe_final(dev, len(data.dev_sources)))
     ran = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-    result = TrainingResult(step=ran["steps"], epoch=ran["epochs_completed"], best_step=ran["best_step"], dev=dev,
-                            history=ran["history"], train_seconds=ran["train_seconds"],
-                            target_tokens_per_second=ran["target_tokens_per_second"], stopped_by=ran["stopped_by"],
-                            model=model, averaged_steps=dev["averaged_steps"])
+    result = TrainingResult.from_metrics(ran, dev, model, dev["averaged_steps"])
     return export_run(args, settings, data, tokenizer, result, ran["num_processes"], ran.get("device", "cpu"))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    raise SystemExit(main())

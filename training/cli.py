@@ -377,6 +377,11 @@ def run_training(args) -> dict:
     return metrics
 
 
+def saved_arguments(run_dir) -> argparse.Namespace:
+    """The parsed arguments a run saved in its folder (training_args.json), as `parse_args` returned them."""
+    return argparse.Namespace(**json.loads((Path(run_dir) / "training_args.json").read_text(encoding="utf-8")))
+
+
 def task_data(args):
     """The `tasks.TaskData` of parsed arguments (a run's, or its saved training_args.json, where runs from before
     the paragraph task lack its flags)."""

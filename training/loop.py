@@ -178,6 +178,15 @@ class TrainingResult:
     already_finished: bool = False  # resumed after its stop: nothing trained, nothing evaluated (the export stands)
     optimizer: str = ""  # the optimizer the run built, in the model card's words (`model_card.describe_optimizer`)
 
+    @classmethod
+    def from_metrics(cls, metrics: dict, dev: dict, model, averaged_steps: list | None = None) -> TrainingResult:
+        """A finished run's result as its metrics.json tells it, with other weights and their dev figures
+        (`vaswani-average`, `vaswani-release`)."""
+        return cls(step=metrics["steps"], epoch=metrics["epochs_completed"], best_step=metrics["best_step"], dev=dev,
+                   history=metrics["history"], train_seconds=metrics["train_seconds"],
+                   target_tokens_per_second=metrics["target_tokens_per_second"], stopped_by=metrics["stopped_by"],
+                   model=model, averaged_steps=averaged_steps)
+
 
 def native_bf16(cpu: bool = False) -> bool:
     """Whether the device a run trains on multiplies bfloat16 in hardware: a CUDA GPU that supports it (unless `cpu`),

@@ -52,7 +52,7 @@ def release_run(run_dir, release_dir, dtype: str = "float16", hub_model_id: str 
 
     from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
 
-    from .cli import export_run, make_settings, task_data
+    from .cli import export_run, make_settings, saved_arguments, task_data
     from .evaluation import evaluate
     from .loop import TrainingResult
     from .tasks import encode_pairs
@@ -66,26 +66,22 @@ def release_run(run_dir, release_dir, dtype: str = "float16", hub_model_id: str 
                          "finished")
     if folder.resolve() == run.resolve():
         raise ValueError("the release folder must differ from the run's folder, which keeps its own model")
-    args = argparse.Namespace(**json.loads((run / "training_args.json").read_text(encoding="utf-8")))
-    args.output_dir, args.resume, args.push_to_hub, args.hub_model_id = str(folder), False, False, hub_model_id
-    settings, data = make_settings(args), task_data(args)
-    tokenizer = VaswaniTokenizer.from_pretrained(run)
     model = VaswaniForConditionalGeneration.from_pretrained(run, dtype=torch.float32).eval()
     round_saved_weights(model, getattr(torch, dtype))
-    num_beams = model.generation_config.num_beams or 1
+    args = saved_arguments(run)
+    args.output_dir, args.resume, args.push_to_hub, args.hub_model_id = str(folder), False, False, hub_model_id
+    args.num_beams = model.generation_config.num_beams or 1  # as the run exported it
+    settings, data = make_settings(args), task_data(args)
+    tokenizer = VaswaniTokenizer.from_pretrained(run)
     dev = evaluate(model, tokenizer, data.task, data.dev_sources, data.dev_references,
-                   encode_pairs(tokenizer, data.dev_pairs), num_beams=num_beams,
+                   encode_pairs(tokenizer, data.dev_pairs), num_beams=settings.num_beams,
                    max_length=model.generation_config.max_length, batch_size=settings.eval_batch_size)
     ran = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     dev["step"] = ran["dev"].get("step", ran.get("best_step"))
     averaged = ran["dev"].get("averaged_steps")
     if averaged:
         dev["averaged_steps"] = averaged
-    result = TrainingResult(step=ran["steps"], epoch=ran["epochs_completed"], best_step=ran["best_step"], dev=dev,
-                            history=ran["history"], train_seconds=ran["train_seconds"],
-                            target_tokens_per_second=ran["target_tokens_per_second"], stopped_by=ran["stopped_by"],
-                            model=model, averaged_steps=averaged)
-    settings.num_beams = num_beams
+    result = TrainingResult.from_metrics(ran, dev, model, averaged)
     export_run(args, settings, data, tokenizer, result, ran["num_processes"], ran.get("device", "cpu"),
                stored_dtype=dtype)
     config_file = folder / "config.json"  # computed in float32 unless the user asks otherwise: as it was scored
