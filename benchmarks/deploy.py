@@ -10,7 +10,8 @@ every contender once, in order, so a busy machine slows all alike), medians with
 - CTranslate2 float32 and int8 (`vaswani-export ctranslate2`, `Ctranslate2Generator`);
 - ONNX Runtime (`vaswani-export onnx`, `OnnxGenerator`);
 - transformers' Marian at the same size with the same weights (its position table replaced by vaswani's, so that it
-  computes vaswani's function whatever the sinusoid layout).
+  computes vaswani's function whatever the sinusoid layout), where Marian can hold the model: not for a pre-LN one
+  (the main job's since 2 Dec); the results then name the contender skipped and why.
 
 Each decodes the first `words` dev words (batches of 32, sorted by length, vaswani's `generate_lines` limits), greedy
 and beam 4. Reported: words/s, WER and PER against the dev references, and parity: the share of the words whose
@@ -55,8 +56,22 @@ def _marian_twin(model):
     return marian
 
 
-def build_contenders(model_dir: str, work_dir: Path, threads: int) -> dict:
-    """name -> callable(lines, num_beams) -> outputs, every engine loaded and warm."""
+MARIAN = "Marian (transformers fp32)"
+
+
+def marian_or_reason(model):
+    """(transformers' Marian twin of `model`, None), or (None, why it cannot be made)."""
+    from vaswani.training.convert_marian import ConversionError
+
+    try:
+        return _marian_twin(model), None
+    except ConversionError as error:
+        return None, f"the model has no Marian equivalent ({error})"
+
+
+def build_contenders(model_dir: str, work_dir: Path, threads: int, skipped: dict | None = None) -> dict:
+    """name -> callable(lines, num_beams) -> outputs, every engine loaded and warm; a contender that cannot run this
+    model goes into `skipped` (name -> why) instead."""
     from vaswani.deploy.ctranslate2_export import Ctranslate2Generator, export_ctranslate2
     from vaswani.deploy.onnx_export import export_onnx
     from vaswani.deploy.onnx_generation import OnnxGenerator
@@ -66,7 +81,9 @@ def build_contenders(model_dir: str, work_dir: Path, threads: int) -> dict:
     model, tokenizer = load_checkpoint(model_dir, device="cpu")
     quantized, _ = load_checkpoint(model_dir, device="cpu")
     quantize_int8(quantized)
-    marian = _marian_twin(model)
+    marian, why_not = marian_or_reason(model)
+    if why_not and skipped is not None:
+        skipped[MARIAN] = why_not
     ct2 = {q: export_ctranslate2(model_dir, work_dir / f"ct2-{q}", quantization=q) for q in ("float32", "int8")}
     onnx = export_onnx(model_dir, work_dir / "onnx")
 
@@ -76,14 +93,16 @@ def build_contenders(model_dir: str, work_dir: Path, threads: int) -> dict:
     def engine(generator):
         return lambda lines, beams: generator.generate_lines(lines, num_beams=beams)
 
-    return {
+    contenders = {
         "vaswani (torch fp32)": torch_model(model),
         "vaswani int8 (torchao)": torch_model(quantized),
         "CTranslate2 float32": engine(Ctranslate2Generator(ct2["float32"], intra_threads=threads)),
         "CTranslate2 int8": engine(Ctranslate2Generator(ct2["int8"], intra_threads=threads)),
         "ONNX Runtime fp32": engine(OnnxGenerator(onnx, threads=threads)),
-        "Marian (transformers fp32)": torch_model(marian),
     }
+    if marian is not None:
+        contenders[MARIAN] = torch_model(marian)
+    return contenders
 
 
 def _median(values: list[float]) -> dict:
@@ -103,12 +122,13 @@ def run_deploy(model_dir: str, words: int = 1000, rounds: int = 3, threads: int 
     references = [dev[w] for w in lines]
     with tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
-        contenders = build_contenders(model_dir, Path(work), threads)
+        skipped = {}
+        contenders = build_contenders(model_dir, Path(work), threads, skipped=skipped)
         setup_seconds = time.perf_counter() - started
         results = {"machine": {"processor": platform.processor() or platform.machine(), "threads": threads,
                                "torch": torch.__version__},
                    "model": str(model_dir), "words": len(lines), "rounds": rounds,
-                   "setup_seconds": setup_seconds, "searches": {}}
+                   "setup_seconds": setup_seconds, "skipped": skipped, "searches": {}}
         for search, beams in SEARCHES.items():
             seconds = {name: [] for name in contenders}
             outputs = {}
@@ -134,6 +154,8 @@ def format_tables(results: dict) -> list[str]:
     lines = [f"Decoding {results['words']} CMUdict dev words with {results['model']} ({results['machine']['processor']}, "
              f"{results['machine']['threads']} threads, torch {results['machine']['torch']}); median (min-max) of "
              f"{results['rounds']} alternating rounds.", ""]
+    lines += [f"Not run: {name}: {why}." for name, why in results.get("skipped", {}).items()]
+    lines += [""] if results.get("skipped") else []
     for search, rows in results["searches"].items():
         base = rows["vaswani (torch fp32)"]["words_per_second"]["median"]
         lines += [f"### {search}", "", "| engine | words/s | x vaswani | WER % | PER % | same output as vaswani |",

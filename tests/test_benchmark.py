@@ -200,8 +200,11 @@ def test_an_interrupted_deploy_run_keeps_the_searches_it_finished(tmp_path, monk
             raise KeyboardInterrupt  # stopped while beam 4 is measured
         return ["AH"] * len(lines)
 
-    monkeypatch.setattr(deploy, "build_contenders", lambda model_dir, work_dir, threads: {
-        "vaswani (torch fp32)": engine, "CTranslate2 int8": engine})
+    def contenders(model_dir, work_dir, threads, skipped):
+        skipped[deploy.MARIAN] = "the model has no Marian equivalent (pre-LN)"
+        return {"vaswani (torch fp32)": engine, "CTranslate2 int8": engine}
+
+    monkeypatch.setattr(deploy, "build_contenders", contenders)
     folder = tmp_path / "results" / "new"
     with pytest.raises(KeyboardInterrupt):
         benchmark.run_deploy_section("outputs/g2p", words=20, rounds=1, threads=1, output_dir=str(folder))
@@ -209,13 +212,34 @@ def test_an_interrupted_deploy_run_keeps_the_searches_it_finished(tmp_path, monk
     assert written["words"] == 20 and list(written["searches"]) == ["greedy"]
     rows = written["searches"]["greedy"]
     assert list(rows) == ["vaswani (torch fp32)", "CTranslate2 int8"]
+    assert written["skipped"] == {deploy.MARIAN: "the model has no Marian equivalent (pre-LN)"}
     assert rows["CTranslate2 int8"]["parity"] == 1.0 and rows["CTranslate2 int8"]["words_per_second"]["median"] > 0
     table = (folder / "deploy_results.md").read_text()
     printed = capsys.readouterr().out
     for text in (table, printed):
         assert "### greedy" in text and "### beam 4" not in text
         assert "| CTranslate2 int8 |" in text and "| 100.0 % |" in text
+        assert "Not run: Marian (transformers fp32): the model has no Marian equivalent (pre-LN)." in text
     assert sorted(path.name for path in folder.iterdir()) == ["deploy_results.json", "deploy_results.md"]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_the_deploy_marian_twin_or_why_not(pre_ln, tiny_config):
+    """A post-LN model gets its Marian twin (the same greedy output); a pre-LN one, which Marian cannot hold, a
+    reason instead of the crash that stopped `--deploy` on the main job's model."""
+    import deploy
+    from helpers import make_model, padded_batch
+
+    tiny_config.normalize_before = pre_ln
+    model = make_model(tiny_config)
+    marian, why_not = deploy.marian_or_reason(model)
+    if pre_ln:
+        assert marian is None and "no Marian equivalent" in why_not and "pre-LN" in why_not
+        return
+    assert why_not is None
+    batch = padded_batch()
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6)
+    torch.testing.assert_close(marian.generate(**kwargs), model.generate(**kwargs), rtol=0, atol=0)
 
 
 def test_generation_mismatch_is_an_error(monkeypatch):
