@@ -53,8 +53,10 @@ class Ran:
 @pytest.fixture
 def onednn_here(monkeypatch):
     """The oneDNN linear layers apply on this CPU whatever it is (they are faster only on some: see
-    onednn_vaswani.faster_here), so that every machine runs the path the tests check."""
+    onednn_vaswani.faster_here), and to the tiny models' GEMMs too, so that every machine runs the path the tests
+    check."""
     monkeypatch.setattr(fast_paths_vaswani, "faster_here", lambda: True)
+    monkeypatch.setattr(onednn_vaswani, "SMALLEST_GEMM", 0)
 
 
 def generate(model, batch, **kwargs):

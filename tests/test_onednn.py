@@ -13,6 +13,30 @@ from vaswani.onednn_vaswani import OneDNNLinearMode, onednn_linear
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
+@pytest.fixture(autouse=True)
+def every_size_on_onednn(monkeypatch):
+    """The tests' GEMMs are small: send them to oneDNN all the same (the size rule has its own test)."""
+    monkeypatch.setattr(onednn_vaswani, "SMALLEST_GEMM", 0)
+
+
+@pytest.mark.parametrize("rows, on_onednn", [(1, False), (2, True)])
+def test_gemms_below_the_smallest_stay_on_f_linear(monkeypatch, rows, on_onednn):
+    """rows x 24 -> 40 against a threshold of 1.5 rows' multiply-adds: one row stays on F.linear (no oneDNN call,
+    the same tensor as F.linear), two go to oneDNN; with and without gradients."""
+    monkeypatch.setattr(onednn_vaswani, "SMALLEST_GEMM", 24 * 40 * 3 // 2)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 24, generator=g, requires_grad=True)
+    weight, bias = torch.randn(40, 24, generator=g, requires_grad=True), torch.randn(40, generator=g)
+    for grad_mode in (torch.enable_grad, torch.no_grad):
+        with grad_mode(), mock.patch.object(onednn_vaswani, "_inner_product",
+                                            wraps=onednn_vaswani._inner_product) as inner:
+            out = onednn_linear(x, weight, bias)
+        assert inner.called is on_onednn
+        if not on_onednn:
+            torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=0, atol=0)
+        torch.testing.assert_close(out, F.linear(x.double(), weight.double(), bias.double()).float())
+
+
 def float64_reference(x, weight, bias, grad):
     """F.linear's output and gradients in float64, rounded to float32 at the end."""
     leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias) if t is not None]
