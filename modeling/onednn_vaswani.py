@@ -3,9 +3,10 @@
 torch runs a float32 `F.linear` on CPU through MKL's sgemm. On AMD CPUs with AVX-512, MKL takes a code path without
 AVX-512 and oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor emits on CPU) runs the
 same GEMMs much faster (docs/performance.md has the table), except the smallest: below `SMALLEST_GEMM` multiply-adds
-(a decoding step's GEMMs at small batches) oneDNN's fixed cost per call outweighs its speed, so those stay on F.linear. The path changes which library multiplies, nothing else:
-every module's forward still runs, and each `F.linear` called inside the model's forward becomes `onednn_linear`,
-whose backward also runs on oneDNN. The result is the same product, rounded in another order.
+(a decoding step's GEMMs at small batches) oneDNN's fixed cost per call outweighs its speed, so those stay on
+F.linear. The path changes which library multiplies, nothing else: every module's forward still runs, and each
+`F.linear` called inside the model's forward becomes `onednn_linear`, whose backward also runs on oneDNN. The result
+is the same product, rounded in another order.
 
 `OneDNNLinearMode` is the torch function mode that makes the substitution; fast_paths_vaswani.py decides where it is
 entered.
