@@ -187,6 +187,39 @@ def test_onednn_linear_rule(tiny_config, onednn_here, monkeypatch):
     assert linear_calls() == 0  # a CPU where oneDNN is no faster
 
 
+def test_the_contract_is_checked_on_every_module_below(tiny_config):
+    """A module of another class, a parameter in another dtype or of a tensor subclass, anywhere below: not plain."""
+    model = make_model(tiny_config)
+    holds = fast_paths_vaswani.contract_holds
+    assert holds(model) and holds(model.model.encoder, model.model.decoder)
+
+    class OtherLinear(nn.Linear):
+        pass
+
+    ffn = model.model.decoder.layers[-1].ffn
+    plain = ffn.fc2
+    ffn.fc2 = OtherLinear(plain.in_features, plain.out_features)
+    assert not holds(model) and not holds(model.model.decoder) and holds(model.model.encoder)
+    ffn.fc2 = plain
+    norm = model.model.encoder.layers[0].self_attn_layer_norm
+    norm.double()
+    assert not holds(model) and holds(model, dtypes=(torch.float32, torch.float64)) and holds(model.model.decoder)
+    norm.float()
+    assert holds(model)
+
+    class OtherParameter(nn.Parameter):
+        pass
+
+    weight = ffn.fc1.weight
+    ffn.fc1.weight = OtherParameter(weight.detach().clone())
+    assert not holds(model)
+    ffn.fc1.weight = weight
+    ffn.fc1.bias = None  # a layer without bias: nothing to check there
+    assert holds(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not holds(model)
+
+
 def test_unknown_path_name_in_the_rule_is_an_error(tiny_config):
     with pytest.raises(ValueError, match="unknown fast path"):
         fast.applies("packing", make_model(tiny_config))
