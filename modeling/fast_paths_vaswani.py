@@ -25,7 +25,8 @@ tracing; and the module contract holds: every module whose call the path replace
 (the model's own class or torch's, not a subclass or a wrapper such as a PEFT LoRA layer), with no hooks (its own or
 global) and plain parameters. Otherwise the path steps aside and the modules' own forwards run. Each path adds its
 own conditions: for the decoding loop, `decoding_vaswani.lean_blocker` (eval mode, no gradients, the config values
-and module types of its allow-list, eager or SDPA, a fresh cache, tokens only); for the oneDNN linear layers, a CPU where they are faster (`faster_here`).
+and module types of its allow-list, eager or SDPA, a fresh cache, tokens only); for the oneDNN linear layers, a CPU
+where they are faster (`faster_here`).
 """
 
 from __future__ import annotations
