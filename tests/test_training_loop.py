@@ -403,3 +403,113 @@ def test_evaluation_lines_go_through_the_progress_bar(tmp_path):
     run.step, run.epoch, run.best = 10, 0, {"step": 10, "value": 50.0, "metric": "wer"}
     run._log_evaluation({"loss": 1.5, "wer": 50.0, "per": 10.0, "seconds": 0.5})
     assert run.bar.written == ["step 10: dev loss 1.5000 wer 50.00 per 10.00 (10 dev, 0.5s; best step 10)"]
+
+
+def _confirming_run(tmp_path, tokenizer, sources, references, best_model, last_model, **settings):
+    """A TrainingRun at its end: `best_model` kept in checkpoints/best at step 10 by the subset, `last_model` the
+    evaluated weights of the last step, 20; a dev set larger than the subset, so `confirm_best` applies."""
+    import types
+
+    from vaswani.training.checkpoints import write_best
+    from vaswani.training.tasks import TaskData
+
+    run = _bare_run(tmp_path, eval_subset=2, **settings)
+    run.data = TaskData("g2p", [], sources, references, "test")
+    run.tokenizer, run.max_length, run.step = tokenizer, 32, 20
+    run.checkpoint_dir, run.evaluated = tmp_path / "checkpoints", last_model
+    run.accelerator = types.SimpleNamespace(device=torch.device("cpu"))
+    run.best = {"step": 10, "value": 0.0, "metric": "wer"}
+    run.history = [{"step": 10, "wer": 0.0}, {"step": 20, "wer": 50.0}]  # the subset preferred step 10
+    write_best(best_model, run.checkpoint_dir)
+    return run
+
+
+def test_confirm_best_keeps_the_better_of_the_subsets_best_and_the_last_weights_on_the_full_dev_set(
+        tmp_path, trained_checkpoint):
+    """The subset's pick against the last weights, both scored on the whole dev set with greedy search, as
+    `evaluate` scores them: a trained model and a random one of the same config, in both orders, and a tie (the same
+    weights), which keeps the last. Fails if the subset's pick is kept blindly, if the comparison is reversed, or if
+    a tie keeps the earlier step."""
+    from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
+    from vaswani.training.evaluation import evaluate, generate_texts
+    from vaswani.training.tasks import encode_pairs
+
+    tokenizer = VaswaniTokenizer.from_pretrained(trained_checkpoint)
+    trained = VaswaniForConditionalGeneration.from_pretrained(trained_checkpoint).eval()
+    torch.manual_seed(0)
+    untrained = VaswaniForConditionalGeneration(trained.config).eval()
+    sources = ["HELLO", "WORLD", "CAT", "ATTENTION", "GO", "PYTORCH"]
+    references = [[p] for p in generate_texts(trained, tokenizer, sources)]  # the trained model is right on all
+
+    def full_dev_wer(model):
+        return evaluate(model, tokenizer, "g2p", sources, references, encode_pairs(
+            tokenizer, [(s, r[0]) for s, r in zip(sources, references)]), num_beams=1, max_length=32)["wer"]
+
+    assert full_dev_wer(trained) == 0.0 < full_dev_wer(untrained)
+
+    def kept_weights(run):
+        return VaswaniForConditionalGeneration.from_pretrained(run.checkpoint_dir / "best").state_dict()
+
+    # the subset's pick (step 10) is worse on the full dev set: the last weights replace it
+    run = _confirming_run(tmp_path / "a", tokenizer, sources, references, untrained, trained)
+    assert run._confirms()
+    confirmation = run.confirm_best()
+    assert confirmation == {"best_step": 10, "last_step": 20, "wer": {"10": full_dev_wer(untrained), "20": 0.0},
+                            "kept": 20}
+    assert run.best == {"step": 20, "value": 50.0, "metric": "wer"}  # the last step's own subset figure
+    assert all(torch.equal(a, b) for a, b in zip(kept_weights(run).values(), trained.state_dict().values()))
+    log = [json.loads(line) for line in run.log_path.read_text().splitlines()]
+    assert log[-1] == {"confirm_best": confirmation}
+    assert run.bar.written[-1].endswith("step 20 kept")
+
+    # the subset's pick is better: it stays, and its weights with it
+    run = _confirming_run(tmp_path / "b", tokenizer, sources, references, trained, untrained)
+    assert run.confirm_best()["kept"] == 10 and run.best["step"] == 10
+    assert all(torch.equal(a, b) for a, b in zip(kept_weights(run).values(), trained.state_dict().values()))
+
+    # a tie keeps the last step
+    run = _confirming_run(tmp_path / "c", tokenizer, sources, references, trained, trained)
+    assert run.confirm_best()["kept"] == 20 and run.best["step"] == 20
+
+
+def test_confirm_best_applies_only_to_a_subset_of_the_dev_set_and_a_kept_best_step(tmp_path):
+    """`_confirms`: on by default; off with --no_confirm_best, with a subset that is the whole dev set (0, or at
+    least its size), and with --average_last (no best step is exported); its two greedy passes enter the end's
+    reserve of the time budget."""
+    run = _bare_run(tmp_path, max_steps=10, eval_subset=10)  # 10 of 100 dev sources
+    assert run._confirms()
+    with_confirmation = run.final_reserve()
+    for settings in ({"confirm_best": False}, {"eval_subset": 0}, {"eval_subset": 100}, {"eval_subset": 500},
+                     {"average_last": 2, "keep_last": 2}):
+        other = _bare_run(tmp_path, max_steps=10, **{"eval_subset": 10, **settings})
+        assert not other._confirms(), settings
+    without = _bare_run(tmp_path, max_steps=10, eval_subset=10, confirm_best=False).final_reserve()
+    assert with_confirmation - without == pytest.approx(0.01 * 2 * 100)  # two greedy passes over 100 sources
+    assert cli.make_settings(cli.build_parser().parse_args(
+        ["--output_dir", str(tmp_path), "--no_confirm_best"])).confirm_best is False
+    assert cli.make_settings(cli.build_parser().parse_args(["--output_dir", str(tmp_path)])).confirm_best is True
+
+
+def test_a_run_whose_subset_pick_is_not_its_last_step_confirms_it_on_the_full_dev_set(train_workspace, tmp_path):
+    """End to end: a 3-source subset at steps 10 and 20 of a tiny run (both wrong on every word, so the subset's
+    tie keeps step 10), then the full dev set decides; metrics.json, the log, the printed line and the model card
+    say what was compared and kept, and the exported weights are the kept step's."""
+    out = tmp_path / "run"
+    result = run_train(["--train_file", str(train_workspace / "g2p.tsv"), "--tokenizer",
+                        str(train_workspace / "tokenizer"), *QUIET, "--max_steps", "20", "--eval_every", "10",
+                        "--save_every", "10", "--eval_subset", "3", "--show", "--output_dir", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    subset = {h["step"]: h["wer"] for h in metrics["history"]}
+    assert subset[10] <= subset[20], "the subset did not pick step 10: the premise of this test"
+    confirmation = metrics["confirm_best"]
+    assert confirmation["best_step"] == 10 and confirmation["last_step"] == 20
+    values = confirmation["wer"]
+    assert confirmation["kept"] == (20 if values["20"] <= values["10"] else 10) == metrics["best_step"]
+    assert metrics["dev"]["step"] == confirmation["kept"]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert {"confirm_best": confirmation} in log
+    assert f"step {confirmation['kept']} kept" in result.stdout
+    assert "then compared with the last step on the full dev set with greedy search" in (out / "README.md").read_text()
+    kept = tensors(out / "checkpoints" / "best" / "model.safetensors")
+    assert all(torch.equal(kept[k], v) for k, v in tensors(out / "model.safetensors").items())

@@ -181,6 +181,9 @@ def _add_evaluation_arguments(e) -> None:
     e.add_argument("--average_last", type=int, default=_SETTING_DEFAULTS["average_last"],
                    help="export the mean of the weights of the last K checkpoints instead of the best one (the "
                         "paper's checkpoint averaging; needs --keep_last >= K)")
+    e.add_argument("--no_confirm_best", action="store_true",
+                   help="keep the subset's best step as it is; by default, when it is not the last step, both are "
+                        "scored on the full dev set (greedy) at the end and the better one is kept")
     e.add_argument("--log_every", type=int, default=_SETTING_DEFAULTS["log_every"])
     e.add_argument("--no_progress_bar", action="store_true")
     e.add_argument("--no_tensorboard", action="store_true")
@@ -253,7 +256,8 @@ def parse_args(argv=None):
 def make_settings(args) -> TrainingSettings:
     """The TrainingSettings of parsed vaswani-train arguments (a flag and its field share the name)."""
     given = {name: getattr(args, name) for name in _SETTING_DEFAULTS if hasattr(args, name)}
-    given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard)
+    given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard,
+                 confirm_best=not args.no_confirm_best)
     given["mixed_precision"] = resolve_mixed_precision(given["mixed_precision"], given["cpu"])
     return TrainingSettings(**given)
 
@@ -263,6 +267,16 @@ def _config_for_comparison(config) -> dict:
     for key in ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype", "auto_map"):
         d.pop(key, None)
     return d
+
+
+def _confirmation_words(confirmation: dict | None, metric: str) -> str:
+    """How `confirm_best` decided, for the model card's training summary ("" when it did not run)."""
+    if not confirmation:
+        return ""
+    best, last = confirmation["best_step"], confirmation["last_step"]
+    values = confirmation[metric]
+    return (f", then compared with the last step on the full dev set with greedy search (step {best}: "
+            f"{values[str(best)]:.2f}, step {last}: {values[str(last)]:.2f}; step {confirmation['kept']} kept)")
 
 
 def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_processes: int, device: str,
@@ -292,6 +306,8 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                "target_tokens_per_second": round(result.target_tokens_per_second, 1),
                "num_processes": num_processes, "device": device, "history": result.history,
                "examples": dict(zip(show, outputs))}
+    if result.confirmation:
+        metrics["confirm_best"] = result.confirmation
     if stored_dtype:
         metrics["stored_dtype"] = stored_dtype
     n_settings = {k: v for k, v in settings_dict(settings).items()
@@ -307,7 +323,7 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                + (f"the average of the weights of the last {len(result.averaged_steps)} checkpoints (steps "
                   f"{', '.join(map(str, result.averaged_steps))}) was exported" if result.averaged_steps else
                   f"the best step by dev {data.metric} on a {settings.eval_subset or 'full'}-source dev subset was "
-                  "kept")
+                  "kept" + _confirmation_words(result.confirmation, data.metric))
                + (f" (weights: exponential moving average, decay {settings.ema_decay})." if settings.ema_decay
                   else "."))
     weights = (f"the average of steps {', '.join(map(str, result.averaged_steps))}" if result.averaged_steps

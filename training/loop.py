@@ -39,8 +39,11 @@ continues on the raw weights. Checkpoints hold it as `ema.safetensors`, so resum
 Evaluation runs on the main process only while the others wait at a barrier: the dev set is a
 few thousand short examples, generation is the cost, and one process keeps the metrics simple.
 During training it uses a fixed subset of the dev set (`eval_subset`) and greedy search; the
-best step by the task metric is kept in `<output_dir>/checkpoints/best`; at the end the best
-weights are evaluated on the whole dev set with `num_beams` and become the end product. With
+best step by the task metric is kept in `<output_dir>/checkpoints/best`. A subset of a few hundred
+sources cannot rank the last evaluations of a run whose learning rate ends at zero (one G2P word is 0.2 points
+of a 500-word subset; docs/recipes.md), so at the end, when the best step is not the last one, both are scored on
+the whole dev set with greedy search and the better one is kept (a tie keeps the last: `confirm_best`). The
+kept weights are then evaluated on the whole dev set with `num_beams` and become the end product. With
 `average_last` K > 1 the end product is instead the mean of the weights of the last K checkpoints
 (`vaswani.training.averaging`, the paper's checkpoint averaging), chosen before the run, not by the dev set.
 Both go through `evaluation.final_evaluation`, as `vaswani-average` does.
@@ -64,7 +67,8 @@ from pathlib import Path
 import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
-from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint, write_best
+from .checkpoints import (BEST_DIR, CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint,
+                          write_best)
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation
 from .model_card import describe_optimizer
@@ -119,6 +123,7 @@ class TrainingSettings:
     attn_implementation: str | None = None
     ema_decay: float = 0.0  # > 0: evaluate, keep and export an exponential moving average of the weights
     average_last: int = 1  # > 1: export the average of the last K checkpoints' weights instead of the best one
+    confirm_best: bool = True  # the subset's best step against the last weights on the full dev set (greedy) at the end
     max_source_length: int = 256  # longer training examples are dropped (with a warning)
     init_from: str | None = None  # a saved model folder whose weights start the run (`warm_start`); None: at random
     progress_bar: bool = True
@@ -177,6 +182,7 @@ class TrainingResult:
     averaged_steps: list | None = None  # average_last > 1: the steps of the checkpoints averaged
     already_finished: bool = False  # resumed after its stop: nothing trained, nothing evaluated (the export stands)
     optimizer: str = ""  # the optimizer the run built, in the model card's words (`model_card.describe_optimizer`)
+    confirmation: dict | None = None  # `confirm_best`: the two steps' full-dev figures and the one kept (main process)
 
     @classmethod
     def from_metrics(cls, metrics: dict, dev: dict, model, averaged_steps: list | None = None) -> TrainingResult:
@@ -185,7 +191,8 @@ class TrainingResult:
         return cls(step=metrics["steps"], epoch=metrics["epochs_completed"], best_step=metrics["best_step"], dev=dev,
                    history=metrics["history"], train_seconds=metrics["train_seconds"],
                    target_tokens_per_second=metrics["target_tokens_per_second"], stopped_by=metrics["stopped_by"],
-                   model=model, averaged_steps=averaged_steps)
+                   model=model, averaged_steps=averaged_steps,
+                   confirmation=None if averaged_steps else metrics.get("confirm_best"))
 
 
 def native_bf16(cpu: bool = False) -> bool:
@@ -524,7 +531,16 @@ class TrainingRun:
     def final_reserve(self) -> float:
         """Seconds of the time budget kept free for the end: the last subset evaluation and the final one."""
         sources = len(self.dev_sources) + len(self.data.dev_sources) * max(1.0, 0.6 * self.settings.num_beams)
+        if self._confirms():
+            sources += 2 * len(self.data.dev_sources)  # the best and the last weights, greedy
         return FINAL_OVERHEAD_SECONDS + self.eval_seconds_per_source * sources
+
+    def _confirms(self) -> bool:
+        """Whether the end of the run compares the subset's best step with the last weights on the full dev set: a
+        subset smaller than the dev set, and the best step kept (not an average of checkpoints)."""
+        subset = self.settings.eval_subset
+        return self.settings.confirm_best and self.settings.average_last == 1 \
+            and 0 < subset < len(self.data.dev_sources)
 
     def evaluate(self) -> dict:
         """Score the evaluated weights on the dev subset (main process, greedy), keep them if they are the best so
@@ -602,6 +618,9 @@ class TrainingRun:
         train_seconds = time.perf_counter() - self.start_time
         if self.last_eval_step != self.step:
             self.evaluate()
+        confirmation = None
+        if self.main and self._confirms() and self.best is not None and self.best["step"] != self.step:
+            confirmation = self.confirm_best()
         if self.writer:
             self.writer.flush()
         model, dev = None, {}
@@ -618,7 +637,40 @@ class TrainingRun:
                               dev=dev, history=self.history, train_seconds=train_seconds,
                               target_tokens_per_second=self.total_tokens / train_seconds if train_seconds else 0.0,
                               stopped_by=stopped_by, model=model, averaged_steps=dev.get("averaged_steps"),
-                              optimizer=describe_optimizer(self.optimizer))
+                              optimizer=describe_optimizer(self.optimizer), confirmation=confirmation)
+
+    def confirm_best(self) -> dict:
+        """The subset's best step against the last weights, both scored on the whole dev set with greedy search
+        (main process); the better one stays in `checkpoints/best` (a tie keeps the last). Logged; returns
+        {"best_step", "last_step", metric: {step: value}, "kept"}."""
+        from vaswani import VaswaniForConditionalGeneration
+
+        data, metric = self.data, self.data.metric
+        examples = encode_pairs(self.tokenizer, data.dev_pairs)
+
+        def full_dev(model) -> float:
+            return evaluate(model, self.tokenizer, data.task, data.dev_sources, data.dev_references, examples,
+                            num_beams=1, max_length=self.max_length, batch_size=self.settings.eval_batch_size)[metric]
+
+        best_step, last_step = self.best["step"], self.step
+        kept_model = VaswaniForConditionalGeneration.from_pretrained(self.checkpoint_dir / BEST_DIR)
+        kept_model.to(self.accelerator.device).eval()
+        if self.settings.attn_implementation:
+            kept_model.set_attn_implementation(self.settings.attn_implementation)
+        best_value, last_value = full_dev(kept_model), full_dev(self.evaluated)
+        last_wins = last_value >= best_value if data.greater_is_better else last_value <= best_value
+        kept = last_step if last_wins else best_step
+        if last_wins:
+            write_best(self.evaluated, self.checkpoint_dir)
+            last_subset = next((h[metric] for h in reversed(self.history) if h["step"] == last_step), last_value)
+            self.best = {"step": last_step, "value": last_subset, "metric": metric}
+        confirmation = {"best_step": best_step, "last_step": last_step,
+                        metric: {str(best_step): best_value, str(last_step): last_value}, "kept": kept}
+        self._log({"confirm_best": confirmation})
+        self.say(f"the subset's best step {best_step} against the last step {last_step} on the full dev set "
+                 f"({len(data.dev_sources)} sources, greedy): {metric} {best_value:.2f} against {last_value:.2f}; "
+                 f"step {kept} kept")
+        return confirmation
 
     def _log_final(self, dev: dict) -> None:
         self.accelerator.print(describe_final(dev, len(self.data.dev_sources)))
