@@ -653,11 +653,11 @@ class TrainingRun:
                             num_beams=1, max_length=self.max_length, batch_size=self.settings.eval_batch_size)[metric]
 
         best_step, last_step = self.best["step"], self.step
-        kept_model = VaswaniForConditionalGeneration.from_pretrained(self.checkpoint_dir / BEST_DIR)
-        kept_model.to(self.accelerator.device).eval()
+        earlier = VaswaniForConditionalGeneration.from_pretrained(self.checkpoint_dir / BEST_DIR)
+        earlier.to(self.accelerator.device).eval()
         if self.settings.attn_implementation:
-            kept_model.set_attn_implementation(self.settings.attn_implementation)
-        best_value, last_value = full_dev(kept_model), full_dev(self.evaluated)
+            earlier.set_attn_implementation(self.settings.attn_implementation)
+        best_value, last_value = full_dev(earlier), full_dev(self.evaluated)
         last_wins = last_value >= best_value if data.greater_is_better else last_value <= best_value
         kept = last_step if last_wins else best_step
         if last_wins:
