@@ -93,6 +93,16 @@ def evaluate(model, tokenizer, task: str, sources: list[str], references: list[l
     return result
 
 
+def load_best(checkpoint_dir: str | Path, attn_implementation: str | None = None):
+    """The best weights a run keeps (`<checkpoint_dir>/best`), with `attn_implementation` when given."""
+    from vaswani import VaswaniForConditionalGeneration
+
+    model = VaswaniForConditionalGeneration.from_pretrained(Path(checkpoint_dir) / BEST_DIR)
+    if attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    return model
+
+
 def final_evaluation(checkpoint_dir: str | Path, tokenizer, data: TaskData, *, num_beams: int, batch_size: int = 512,
                      average_last: int | None = None, best_step: int | None = None,
                      attn_implementation: str | None = None, max_length: int | None = None) -> tuple[object, dict]:
@@ -104,15 +114,11 @@ def final_evaluation(checkpoint_dir: str | Path, tokenizer, data: TaskData, *, n
     `dev["step"]` is the weights' step (`best_step`, or the newest averaged); `dev["averaged_steps"]` lists the
     steps averaged. Raises ValueError when fewer than K complete checkpoints exist.
     """
-    from vaswani import VaswaniForConditionalGeneration
-
     checkpoint_dir = Path(checkpoint_dir)
     averaged = average_checkpoints(checkpoint_dir, average_last) if average_last is not None else None
-    model = VaswaniForConditionalGeneration.from_pretrained(checkpoint_dir / BEST_DIR)
+    model = load_best(checkpoint_dir, attn_implementation)
     if averaged is not None:
         load_weights(model, averaged[0], f"the average of checkpoints {averaged[1]}")
-    if attn_implementation:
-        model.set_attn_implementation(attn_implementation)
     if max_length is not None:
         model.generation_config.max_length = max_length
     model.generation_config.num_beams = num_beams

@@ -40,10 +40,10 @@ Evaluation runs on the main process only while the others wait at a barrier: the
 few thousand short examples, generation is the cost, and one process keeps the metrics simple.
 During training it uses a fixed subset of the dev set (`eval_subset`) and greedy search; the
 best step by the task metric is kept in `<output_dir>/checkpoints/best`. A subset of a few hundred
-sources cannot rank the last evaluations of a run whose learning rate ends at zero (one G2P word is 0.2 points
-of a 500-word subset; docs/recipes.md), so at the end, when the best step is not the last one, both are scored on
-the whole dev set with greedy search and the better one is kept (a tie keeps the last: `confirm_best`). The
-kept weights are then evaluated on the whole dev set with `num_beams` and become the end product. With
+sources cannot rank the last evaluations of a run whose learning rate ends at zero (docs/recipes.md), so at the
+end, when the best step is not the last one, both are scored on the whole dev set with greedy search and the
+better one is kept (a tie keeps the last: `confirm_best`). The kept weights are then evaluated on the whole dev
+set with `num_beams` and become the end product. With
 `average_last` K > 1 the end product is instead the mean of the weights of the last K checkpoints
 (`vaswani.training.averaging`, the paper's checkpoint averaging), chosen before the run, not by the dev set.
 Both go through `evaluation.final_evaluation`, as `vaswani-average` does.
@@ -67,10 +67,9 @@ from pathlib import Path
 import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
-from .checkpoints import (BEST_DIR, CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint,
-                          write_best)
+from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint, write_best
 from .ema import WeightEMA
-from .evaluation import describe_final, evaluate, final_evaluation
+from .evaluation import describe_final, evaluate, final_evaluation, generate_texts, load_best, score
 from .model_card import describe_optimizer
 from .schedule import SCHEDULES, make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
@@ -643,20 +642,15 @@ class TrainingRun:
         """The subset's best step against the last weights, both scored on the whole dev set with greedy search
         (main process); the better one stays in `checkpoints/best` (a tie keeps the last). Logged; returns
         {"best_step", "last_step", metric: {step: value}, "kept"}."""
-        from vaswani import VaswaniForConditionalGeneration
-
         data, metric = self.data, self.data.metric
-        examples = encode_pairs(self.tokenizer, data.dev_pairs)
 
-        def full_dev(model) -> float:
-            return evaluate(model, self.tokenizer, data.task, data.dev_sources, data.dev_references, examples,
-                            num_beams=1, max_length=self.max_length, batch_size=self.settings.eval_batch_size)[metric]
+        def full_dev(model) -> float:  # the metric alone: the dev loss decides nothing here
+            predictions = generate_texts(model, self.tokenizer, data.dev_sources, max_length=self.max_length,
+                                         batch_size=self.settings.eval_batch_size)
+            return score(data.task, predictions, data.dev_references)[metric]
 
         best_step, last_step = self.best["step"], self.step
-        earlier = VaswaniForConditionalGeneration.from_pretrained(self.checkpoint_dir / BEST_DIR)
-        earlier.to(self.accelerator.device).eval()
-        if self.settings.attn_implementation:
-            earlier.set_attn_implementation(self.settings.attn_implementation)
+        earlier = load_best(self.checkpoint_dir, self.settings.attn_implementation).to(self.accelerator.device)
         best_value, last_value = full_dev(earlier), full_dev(self.evaluated)
         last_wins = last_value >= best_value if data.greater_is_better else last_value <= best_value
         kept = last_step if last_wins else best_step
