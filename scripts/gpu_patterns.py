@@ -68,6 +68,9 @@ def agreement(args) -> list[dict]:
             rows.append(dict(pattern=pattern, backend=backend, logits_rel=rel(logits, reference[0]),
                              grads_rel=rel(grads, reference[1]), greedy_same=same,
                              finite=bool(torch.isfinite(logits).all() and torch.isfinite(grads).all())))
+            r = rows[-1]
+            print(f"{r['pattern']:<14}{r['backend']:<28}{r['logits_rel']:>12.2e}{r['grads_rel']:>12.2e}"
+                  f"{r['greedy_same']:>13.0%}{str(r['finite']):>8}", flush=True)
     return rows
 
 
@@ -107,6 +110,8 @@ def costs(args) -> list[dict]:
             except UNAVAILABLE as error:
                 seconds = f"unavailable: {str(error).splitlines()[0][:80]}"
             rows.append(dict(pattern=pattern, backend=backend, source_length=length, step_seconds=seconds))
+            print(f"{pattern:<14}{backend:<20}{length:>8}  {seconds if isinstance(seconds, str) else f'{seconds:.4f}'}",
+                  flush=True)
             if args.device == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -130,25 +135,25 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_patterns: no CUDA device here; run this on a machine with an NVIDIA GPU (or --device cpu)")
 
-    rows = agreement(args)
+    # Each row is printed as it is measured and the JSON written after each part, so a run stopped at its time limit
+    # keeps what it measured.
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"\n{name}, torch {torch.__version__}, preset {args.preset}, window {args.window}, block {args.block}, "
           f"globals {args.global_tokens}, batch {args.batch}, source {args.src_len}, target {args.tgt_len} (padded)")
-    print(f"{'pattern':<14}{'backend vs eager':<28}{'logits rel':>12}{'grads rel':>12}{'greedy same':>14}{'finite':>8}")
-    for r in rows:
-        print(f"{r['pattern']:<14}{r['backend']:<28}{r['logits_rel']:>12.2e}{r['grads_rel']:>12.2e}"
-              f"{r['greedy_same']:>13.0%}{str(r['finite']):>8}")
-    cost_rows = costs(args)
-    print(f"\ntraining step (forward + backward), batch 1, target {args.tgt_len}: seconds")
-    for r in cost_rows:
-        value = r["step_seconds"]
-        print(f"{r['pattern']:<14}{r['backend']:<20}{r['source_length']:>8}  "
-              f"{value if isinstance(value, str) else f'{value:.4f}'}")
-    results = dict(device=name, torch=torch.__version__, agreement=rows, costs=cost_rows)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(results, f, indent=2)
+    print(f"{'pattern':<14}{'backend vs eager':<28}{'logits rel':>12}{'grads rel':>12}{'greedy same':>14}{'finite':>8}",
+          flush=True)
+    results = dict(device=name, torch=torch.__version__, agreement=agreement(args), costs=[])
+    write(results, args.output)
+    print(f"\ntraining step (forward + backward), batch 1, target {args.tgt_len}: seconds", flush=True)
+    results["costs"] = costs(args)
+    write(results, args.output)
     return results
+
+
+def write(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ if [[ $parts == *" benchmark "* ]]; then
         | tee "$out/gpu_benchmark.log" || status=1
 fi
 if [[ $parts == *" patterns "* ]]; then
-    timeout 120 "$python" scripts/gpu_patterns.py "${pattern_args[@]}" --output "$out/gpu_patterns.json" 2>&1 \
+    timeout "${GPU_PATTERNS_LIMIT:-300}" "$python" scripts/gpu_patterns.py "${pattern_args[@]}" \
+        --output "$out/gpu_patterns.json" 2>&1 \
         | tee "$out/gpu_patterns.log" || status=1
 fi
 exit $status
