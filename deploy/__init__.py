@@ -53,6 +53,11 @@ def check_exportable(config, engine: str) -> None:
                 f"{side}_attention_pattern={pattern!r}: the {engine} export carries full attention only; "
                 f"train or fine-tune with {side}_attention_pattern='full', or serve this model with PyTorch"
             )
+    if getattr(config, "word_boundary_token_id", None) is not None:
+        raise UnsupportedExport(
+            f"word_boundary_token_id={config.word_boundary_token_id}: the {engine} export places tokens at their "
+            "index in the sequence, not at word-aligned positions; serve this model with PyTorch"
+        )
 
 
 class LineGenerator:

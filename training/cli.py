@@ -127,6 +127,10 @@ def _add_model_arguments(m) -> None:
     m.add_argument("--config_overrides", default="", help="config fields over the preset's, e.g. "
                                                           "d_model=128,encoder_layers=2,dropout=0.2")
     m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
+    m.add_argument("--word_positions", action="store_true",
+                   help=f"g2p-paragraph: word-aligned positions in both stacks (the config's word_boundary_token_id "
+                        f"set to the tokenizer's id of {WORD_BOUNDARY!r}; word_position_stride, default 64, through "
+                        "--config_overrides)")
     m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"),
                    help="attention backend for training and evaluation (default: eager for g2p, the model's own "
                         "default, sdpa, otherwise)")
@@ -444,15 +448,27 @@ def _run_tokenizer(args, data, accelerator):
     return VaswaniTokenizer.from_pretrained(tokenizer_dir)
 
 
-def build_config(args, vocab_size: int):
+def build_config(args, vocab_size: int, tokenizer=None):
     """The model config of parsed vaswani-train arguments: the preset (or the config of the --init_from model), the
-    overrides, the label smoothing, the vocabulary."""
+    overrides, the label smoothing, the vocabulary (and with --word_positions, the tokenizer's boundary id)."""
     from vaswani import VaswaniConfig
 
     fields = {**args.overrides, "vocab_size": vocab_size, "label_smoothing": args.label_smoothing}
+    if getattr(args, "word_positions", False):
+        fields["word_boundary_token_id"] = word_boundary_id(tokenizer)
     if getattr(args, "init_from", None) is not None:
         return VaswaniConfig.from_dict({**VaswaniConfig.get_config_dict(args.init_from)[0], **fields})
     return VaswaniConfig.from_preset(args.preset, **fields)
+
+
+def word_boundary_id(tokenizer) -> int:
+    """The id of the word boundary piece in `tokenizer`, which must hold it as one piece of its own."""
+    ids = tokenizer(WORD_BOUNDARY, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1 or ids[0] == tokenizer.unk_token_id:
+        raise ValueError(f"--word_positions: the tokenizer has no piece of its own for the word boundary "
+                         f"{WORD_BOUNDARY!r} (it gives {ids}); train on --task g2p-paragraph, whose tokenizer keeps "
+                         "it as one piece")
+    return ids[0]
 
 
 def _run_config(args, tokenizer, accelerator):
@@ -464,7 +480,7 @@ def _run_config(args, tokenizer, accelerator):
     output_dir = Path(args.output_dir)
     state_dir = output_dir / CHECKPOINT_DIR
     try:
-        config = build_config(args, len(tokenizer))
+        config = build_config(args, len(tokenizer), tokenizer)
     except (TypeError, ValueError) as error:
         raise SystemExit(f"vaswani-train: error: bad model config: {error}") from None
     if args.resume and (state_dir / "config.json").is_file():
