@@ -94,6 +94,8 @@ class VaswaniConfig(PreTrainedConfig):
       `word_position_stride` x (its word's index) + (its offset in the word) instead of its index in the sequence,
       where every `word_boundary_token_id` token opens a word (`positions_vaswani.word_position_ids`): the n-th
       word of a source and of its target then share a stretch of positions at any line length.
+      `word_position_shift` (training only): each training example's words are moved by the same random number of
+      words, 0 .. word_position_shift, in both stacks, so that positions far into long lines are trained too.
 
     Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-paragraph" | "tiny", **overrides)`.
     """
@@ -133,6 +135,7 @@ class VaswaniConfig(PreTrainedConfig):
     sparse_global_tokens: int = 0
     word_boundary_token_id: int | None = None
     word_position_stride: int = 64
+    word_position_shift: int = 0
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
     eos_token_id: int | None = 3
@@ -197,6 +200,8 @@ class VaswaniConfig(PreTrainedConfig):
         for name in ("attention_window", "sparse_block_size", "word_position_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer (a number of positions)")
+        if self.word_position_shift < 0:
+            raise ValueError(f"word_position_shift={self.word_position_shift} must be 0 or more (a number of words)")
         if self.sparse_global_tokens < 0:
             raise ValueError(f"sparse_global_tokens={self.sparse_global_tokens} must be 0 or more (a number of "
                              f"positions at the start)")

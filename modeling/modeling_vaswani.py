@@ -374,7 +374,7 @@ class _Stack:
         if position_ids is None and self.config.word_boundary_token_id is not None:
             position_ids = self._word_positions(input_ids, past_length)
         if position_ids is not None:
-            positions = self.embed_positions.range(0, int(position_ids.max()) + 1, dtype, device)[position_ids]
+            positions = self.embed_positions(position_ids, dtype)  # from the formula: word positions run far
         else:
             positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], dtype, device)
         return F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
@@ -417,12 +417,14 @@ class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask."""
+        """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask; position_ids (B, S):
+        the tokens' positions, where they are not 0 .. S-1 (or the config's word-aligned ones)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
-        hidden_states = self.embed(input_ids, inputs_embeds)
+        hidden_states = self.embed(input_ids, inputs_embeds, position_ids=position_ids)
         attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, hidden_states,
                                              attention_mask, causal=False)
         for layer in self.layers:
@@ -517,6 +519,19 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
 
+    def _shifted_word_positions(self, input_ids, decoder_input_ids, encoder_outputs):
+        """Training with `word_position_shift`: the word-aligned positions of both stacks, each row's moved by the
+        same whole number of words, drawn uniformly from 0 .. word_position_shift, so that the positions of words far
+        into a long line are trained on short ones (randomized positions, Ruoss et al. 2023)."""
+        if input_ids is None or decoder_input_ids is None or encoder_outputs is not None:
+            raise ValueError("word_position_shift moves the positions of both stacks, computed from their token ids: "
+                             "pass input_ids and decoder_input_ids (or labels) in training, not encoder_outputs or "
+                             "embeddings")
+        boundary, stride = self.config.word_boundary_token_id, self.config.word_position_stride
+        shift = torch.randint(0, self.config.word_position_shift + 1, (input_ids.shape[0], 1), device=input_ids.device)
+        return (word_position_ids(input_ids, boundary, stride) + shift * stride,
+                word_position_ids(decoder_input_ids, boundary, stride) + shift * stride)
+
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -533,9 +548,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        encoder_position_ids = None
+        if self.training and self.config.word_position_shift and self.config.word_boundary_token_id is not None:
+            encoder_position_ids, decoder_position_ids = self._shifted_word_positions(
+                input_ids, decoder_input_ids, encoder_outputs)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                position_ids=encoder_position_ids, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(

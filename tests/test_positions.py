@@ -140,3 +140,40 @@ def test_word_positions_are_served_by_transformers_loop_and_refused_by_exports(t
         vaswani.VaswaniConfig.from_preset("tiny", word_position_stride=0)
     with pytest.raises(ValueError, match="word_boundary_token_id=100 is outside the vocabulary"):
         vaswani.VaswaniConfig.from_preset("tiny", word_boundary_token_id=100)
+
+
+def test_training_shifts_both_stacks_of_each_row_by_one_whole_number_of_words(tiny_config):
+    """With word_position_shift, each training row equals the model in eval mode fed both stacks' word positions
+    moved by the same k words, k in 0 .. shift; some rows move; eval mode never does."""
+    shift = 3
+    model = word_model(tiny_config, word_position_shift=shift).double()
+    batch = padded_batch(3, batch=8)
+    batch["input_ids"][:, 2::3] = BOUNDARY
+    batch["input_ids"] *= batch["attention_mask"]
+    torch.manual_seed(0)
+    trained = model.train()(**batch).logits
+    model.eval()
+    assert torch.equal(model(**batch).logits, model(**batch).logits)
+    decoder_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    moved = []
+    for row in range(8):
+        one = {k: v[row:row + 1] for k, v in batch.items()}
+        found = []
+        for k in range(shift + 1):
+            encoder_positions = word_position_ids(one["input_ids"], BOUNDARY, 16) + 16 * k
+            encoder_outputs = model.get_encoder()(input_ids=one["input_ids"], attention_mask=one["attention_mask"],
+                                                  position_ids=encoder_positions)
+            logits = model(encoder_outputs=encoder_outputs, attention_mask=one["attention_mask"],
+                           decoder_input_ids=decoder_ids[row:row + 1],
+                           decoder_attention_mask=one["decoder_attention_mask"],
+                           decoder_position_ids=word_position_ids(decoder_ids[row:row + 1], BOUNDARY, 16) + 16 * k
+                           ).logits
+            if (logits - trained[row:row + 1]).abs().max() < 1e-10:
+                found.append(k)
+        assert len(found) == 1, (row, found)
+        moved.append(found[0])
+    assert max(moved) > 0
+    with pytest.raises(ValueError, match="word_position_shift moves the positions of both stacks"):
+        model.train()(encoder_outputs=model.get_encoder()(input_ids=batch["input_ids"]), labels=batch["labels"])
+    with pytest.raises(ValueError, match="word_position_shift=-1 must be 0 or more"):
+        vaswani.VaswaniConfig.from_preset("tiny", word_position_shift=-1)
