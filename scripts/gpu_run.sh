@@ -5,10 +5,15 @@
 # JSON into $OUT. GPU_RUN_PARTS picks some of them (default "check benchmark patterns"; e.g. GPU_RUN_PARTS=patterns
 # for a short call).
 #
-# That machine has CUDA PyTorch but transformers 5.17 and no network, so carry transformers 5.24 as a wheel:
+# That machine has CUDA PyTorch but transformers 5.17 and no network, so carry transformers as wheels. transformers
+# 5.25 needs huggingface_hub >= 2.4 (with httpx2, httpcore2, truststore, click >= 8.4.2) and kernels (with tomlkit),
+# none of which that machine had on 4 Dec 2026; the versions of this venv:
 #   here, once:  echo /.whl/ >> .git/info/exclude
-#                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#                  --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
+#                for p in transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1 tokenizers==0.23.3 \
+#                    httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 click==8.5.1 tomlkit==0.15.3; do
+#                  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#                    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#                    -d .whl "$p"; done
 #   device:      run(command="bash scripts/gpu_run.sh", carry=[".whl"], timeout_s=600)
 # This package is not built there: its three folders are copied into a `vaswani` package under $SITE (the layout
 # pyproject's package-dir gives), so no build backend is needed.
@@ -22,7 +27,7 @@ site=${SITE:-/tmp/site}
 python=${PYTHON:-python3}
 mkdir -p "$out" "$site/vaswani"
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${GPU_RUN_SMOKE:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # wheels for that machine's Python
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
         || { echo "gpu_run: installing the carried wheels failed" >&2; exit 1; }
 fi
