@@ -170,7 +170,8 @@ def test_paragraph_lengths_bookkeeping(checkpoint, tmp_path):
     threads = torch.get_num_threads()
     try:
         results = paragraph_lengths.main([str(checkpoint), str(checkpoint), "--words", "2", "3", "--lines", "2",
-                                          "--output", str(tmp_path / "lengths.json")])
+                                          "--output", str(tmp_path / "lengths.json"), "--word_model",
+                                          str(checkpoint), "--plot", str(tmp_path / "lengths.png")])
     finally:
         torch.set_num_threads(threads)
     written = json.loads((tmp_path / "lengths.json").read_text())
@@ -178,4 +179,25 @@ def test_paragraph_lengths_bookkeeping(checkpoint, tmp_path):
     for words, row in results.items():
         r = row[str(checkpoint)]
         assert r["new_tokens"] <= int(1.2 * r["source_tokens"]) + 1 and r["seconds_per_line"] > 0
-        assert r["wer"] >= 0 and r["ms_per_token"] > 0
+        assert r["wer"] >= 0 and r["ms_per_token"] > 0 and r["lines"] == 2
+        # a line counts as stopped when its last token is the end token and the limit was not what ended it
+        assert r["stop_rate"] in (0, 50, 100)
+        assert set(row) == {str(checkpoint), "word model"} and row["word model"]["wer"] >= 0
+    assert (tmp_path / "lengths.png").stat().st_size > 10_000
+
+
+def test_paragraph_lengths_word_model_and_task_lines(loaded):
+    """The word model's row pronounces each word alone (the word task's outputs, joined), and --task_dev's lines are
+    the g2p-paragraph task's own dev lines."""
+    import paragraph_lengths
+
+    from vaswani.training.evaluation import generate_texts
+    from vaswani.training.tasks import load_task_data
+
+    model, tokenizer = loaded
+    chosen = paragraph_lengths.lines_for(3, 2)
+    words = [source.split(" | ") for source, _ in chosen]
+    expected = [" | ".join(generate_texts(model, tokenizer, line)) for line in words]
+    assert paragraph_lengths.word_by_word(model, tokenizer, chosen) == expected
+    task = load_task_data("g2p-paragraph", None, None, None, None, 5, paragraph_lines=(3, 50))
+    assert [source for source, _ in paragraph_lengths.lines_for(paragraph_lengths.TASK_DEV, 0)] == task.dev_sources
