@@ -103,3 +103,82 @@ def test_the_g2p_card_gives_the_figures_of_the_shipped_weights():
         predictions += _pronounce(model, tokenizer, data.dev_sources[start : start + 512])
     wrong = sum(p not in refs for p, refs in zip(predictions, data.dev_references))
     assert 100 * wrong / len(predictions) == pytest.approx(metrics["dev"]["wer"], abs=0.05)
+
+
+PARAGRAPH = G2P.parent / "vaswani-g2p-paragraph"
+# 64 everyday words with one pronunciation each in the shipped CMUdict split: a 64-word line.
+LINE = ("PEOPLE WORLD WATER MUSIC PHONE SPEECH COMPUTER HOUSE GARDEN EVENING SUMMER WINTER MOUNTAIN RIVER FOREST CITY "
+        "STREET SCHOOL STUDENT MOTHER FATHER SISTER BROTHER FRIEND HOSPITAL KITCHEN TABLE WINDOW DOOR PAPER PENCIL "
+        "LETTER NUMBER MONEY MARKET COFFEE BUTTER CHEESE APPLE ORANGE BANANA DINNER LUNCH TRAIN PLANE TICKET STATION "
+        "ISLAND OCEAN BEACH CLOUD THUNDER LIGHTNING ANSWER STORY SCIENCE LANGUAGE NATURE ELEPHANT TIGER MONKEY RABBIT "
+        "TURTLE DRAGON").split()
+
+
+def test_the_line_has_64_words_of_one_pronunciation():
+    from vaswani.training.data import default_g2p_file, read_g2p
+
+    lexicon = read_g2p(default_g2p_file())
+    assert len(LINE) == len(set(LINE)) == 64 and all(len(lexicon[word]) == 1 for word in LINE)
+
+
+def test_the_paragraph_folder_is_small_with_16_bit_weights_and_its_pattern():
+    files = [f for f in PARAGRAPH.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) < 20e6
+    with safe_open(PARAGRAPH / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    config = json.loads((PARAGRAPH / "config.json").read_text(encoding="utf-8"))
+    assert config["encoder_attention_pattern"] == config["decoder_attention_pattern"] == "local"
+    assert config["word_boundary_token_id"] is not None
+    card = (PARAGRAPH / "README.md").read_text(encoding="utf-8")
+    metrics = json.loads((PARAGRAPH / "metrics.json").read_text(encoding="utf-8"))
+    assert f"| WER (%) | {metrics['dev']['wer']:.2f} |" in card and metrics["stored_dtype"] == "float16"
+
+
+PARAGRAPH_LOAD = REFUSE_VASWANI + textwrap.dedent(
+    """
+    import json
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    folder, line = sys.argv[1], sys.argv[2]
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    assert model.__class__.__module__.startswith("transformers_modules."), model.__class__.__module__
+    batch = tokenizer([line], return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=int(1.2 * batch["input_ids"].shape[1]))
+    print(json.dumps(dict(text=tokenizer.decode(out[0], skip_special_tokens=True),
+                          stopped=out[0, -1].item() == model.generation_config.eos_token_id)))
+    """
+)
+
+
+def test_the_paragraph_model_pronounces_a_64_word_line_through_its_own_code(tmp_path):
+    """Loaded with trust_remote_code where vaswani is not installed, the model reads the 64-word line, stops by
+    itself, gives 64 words, most of them right, and the same text as the package's classes."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import vaswani  # noqa: F401
+    from vaswani.training.data import default_g2p_file, read_g2p
+    from vaswani.training.paragraphs import join_words, split_words
+
+    script = tmp_path / "load.py"
+    script.write_text(PARAGRAPH_LOAD)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(script), str(PARAGRAPH), join_words(LINE)], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = json.loads(result.stdout.strip().splitlines()[-1])
+    assert remote["stopped"]
+    said = split_words(remote["text"])
+    assert len(said) == 64
+    lexicon = read_g2p(default_g2p_file())
+    right = sum(p == lexicon[word][0] for p, word in zip(said, LINE))
+    assert right >= 40, (right, list(zip(LINE, said)))
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(PARAGRAPH).eval()
+    tokenizer = AutoTokenizer.from_pretrained(PARAGRAPH)
+    batch = tokenizer([join_words(LINE)], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=int(1.2 * batch["input_ids"].shape[1]))
+    assert tokenizer.decode(out[0], skip_special_tokens=True) == remote["text"]
