@@ -51,7 +51,8 @@ def test_model_card_front_matter(trained_run):
     assert "| d_model | 16 |" in card.text and "| label_smoothing | 0.1 |" in card.text
     assert "{{" not in card.text and "CMU Pronouncing Dictionary" in card.text
     # the optimizer the run built and its schedule, in words
-    assert "| optimizer | Adam(0.9, 0.98, eps 1e-9) |" in card.text
+    assert ("| optimizer | Muon(momentum 0.95, Nesterov) for the layers' weight matrices, Adam(0.9, 0.98, eps 1e-9) "
+            "for the rest |") in card.text
     assert "| schedule | linear warmup, then linear decay to zero over the run's budget |" in card.text
 
 

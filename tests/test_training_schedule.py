@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from vaswani.training.schedule import inverse_sqrt_factor, make_optimizer, make_scheduler, paper_learning_rate
+from vaswani.training.schedule import (
+    BatchedMuon, MuonWithAdam, inverse_sqrt_factor, make_optimizer, make_scheduler, paper_learning_rate,
+)
 
 
 def test_paper_formula_by_hand():
@@ -63,6 +65,61 @@ def test_make_optimizer():
     decayed = {id(p) for g in adamw.param_groups if g["weight_decay"] == 0.01 for p in g["params"]}
     assert decayed == {id(model[0].weight)}
 
+
+
+@pytest.mark.parametrize("adjust", [None, "match_rms_adamw"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_batched_muon_makes_the_updates_of_torch_muon(adjust, nesterov):
+    """BatchedMuon against torch.optim.Muon (the reference: one matrix at a time) on wide, tall and square matrices
+    of repeated shapes, with weight decay, over several steps: the same weights within bf16 rounding of the
+    Newton-Schulz GEMMs, and the same momentum buffers."""
+    torch.manual_seed(0)
+    shapes = [(24, 24), (48, 24), (24, 48), (24, 24), (48, 24), (16, 40)]
+    start = [torch.randn(s) for s in shapes]
+    ours = [torch.nn.Parameter(x.clone()) for x in start]
+    reference = [torch.nn.Parameter(x.clone()) for x in start]
+    settings = dict(lr=2e-2, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    batched, torch_muon = BatchedMuon(ours, **settings), torch.optim.Muon(reference, **settings)
+    for _ in range(4):
+        for p, q in zip(ours, reference):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        batched.step()
+        torch_muon.step()
+    for p, q, x in zip(ours, reference, start):
+        moved = (q - x).abs().max()
+        assert moved > 1e-2
+        assert (p - q).abs().max() <= 1e-2 * moved
+        torch.testing.assert_close(batched.state[p]["momentum_buffer"], torch_muon.state[q]["momentum_buffer"])
+
+
+def test_muon_with_adam_splits_the_model_as_muon_prescribes():
+    """The layers' weight matrices go to Muon; the shared embedding (= the output projection), biases and norms to
+    Adam; a scheduler's lr reaches both; the card names both."""
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani.training.model_card import describe_optimizer
+
+    model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=24))
+    optimizer = make_optimizer(model, lr=1e-3, kind="muon")
+    assert isinstance(optimizer, MuonWithAdam)
+    muon = {id(p) for g in optimizer.muon.param_groups for p in g["params"]}
+    adam = {id(p) for g in optimizer.adam.param_groups for p in g["params"]}
+    linear = {id(m.weight) for m in model.model.modules() if isinstance(m, torch.nn.Linear)}
+    assert muon == linear and id(model.lm_head.weight) not in muon and id(model.model.shared.weight) in adam
+    assert muon | adam == {id(p) for p in model.parameters()} and not muon & adam
+    scheduler = make_scheduler(optimizer, warmup_steps=4)
+    assert [g["lr"] for g in optimizer.muon.param_groups + optimizer.adam.param_groups] == [2.5e-4, 2.5e-4]
+    scheduler.step()
+    assert [g["lr"] for g in optimizer.muon.param_groups + optimizer.adam.param_groups] == [5e-4, 5e-4]
+    assert describe_optimizer(optimizer) == ("Muon(momentum 0.95, Nesterov) for the layers' weight matrices, "
+                                             "Adam(0.9, 0.98, eps 1e-9) for the rest")
+    assert describe_optimizer(make_optimizer(model, lr=1e-3, kind="muon", weight_decay=0.1)) == (
+        "Muon(momentum 0.95, Nesterov, weight decay 0.1) for the layers' weight matrices, AdamW(0.9, 0.98, eps 1e-9, "
+        "weight decay 0.1) for the rest")
+    with pytest.raises(ValueError, match=r"optimizer 'sgd' is not one of \('adam', 'muon'\)"):
+        make_optimizer(model, lr=1e-3, kind="sgd")
+    with pytest.raises(ValueError, match=r"no trainable nn.Linear weights \(use the adam optimizer\)"):
+        make_optimizer(torch.nn.LayerNorm(3), lr=1e-3, kind="muon")
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

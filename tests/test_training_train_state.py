@@ -16,14 +16,15 @@ from vaswani.training.train_state import (
 )
 
 
-def _run(steps: int):
-    """A tiny model with Accelerate, Adam and the schedule after `steps` updates with dropout on."""
+def _run(steps: int, optimizer_kind: str = "adam"):
+    """A tiny model with Accelerate, the optimizer (Adam, or Muon with Adam) and the schedule after `steps` updates
+    with dropout on."""
     from accelerate import Accelerator
 
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = VaswaniForConditionalGeneration(VaswaniConfig.from_preset("tiny", vocab_size=24, dropout=0.3))
-    optimizer = make_optimizer(model, lr=1e-2)
+    optimizer = make_optimizer(model, lr=1e-2, kind=optimizer_kind)
     scheduler = make_scheduler(optimizer, warmup_steps=3)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     batch = {"input_ids": torch.randint(4, 24, (3, 5)), "labels": torch.randint(4, 24, (3, 4))}
@@ -62,8 +63,9 @@ def test_codec_refuses_what_only_pickle_could_store():
         encode({"hook": lambda: 0}, "root", {})
 
 
-def test_resume_from_state_continues_exactly_and_writes_no_pickle(tmp_path):
-    accelerator, model, optimizer, scheduler, batch = _run(3)
+@pytest.mark.parametrize("optimizer_kind", ["adam", "muon"])
+def test_resume_from_state_continues_exactly_and_writes_no_pickle(tmp_path, optimizer_kind):
+    accelerator, model, optimizer, scheduler, batch = _run(3, optimizer_kind)
     path = save_checkpoint(tmp_path, 3, lambda folder: save_training_state(folder, accelerator, model, optimizer,
                                                                              scheduler),
                            epoch=0, batches_done=6)
@@ -82,11 +84,16 @@ def test_resume_from_state_continues_exactly_and_writes_no_pickle(tmp_path):
 
     # a fresh run (other initial weights, other RNG state) restored from the checkpoint makes the same updates
     torch.manual_seed(123), random.seed(123), np.random.seed(123)
-    accelerator, model, optimizer, scheduler, batch2 = _run(1)
+    accelerator, model, optimizer, scheduler, batch2 = _run(1, optimizer_kind)
     load_training_state(latest_valid_checkpoint(tmp_path).path, accelerator, model, optimizer, scheduler)
     assert scheduler.scheduler.last_epoch == 3 and accelerator.step == 6
     random.random(), np.random.rand()
     resumed = [_step(accelerator, model, optimizer, scheduler, batch) for _ in range(2)]
+    # the scheduler's learning rate reaches every inner optimizer's groups after the load
+    inner = optimizer.optimizer
+    groups = [g for o in (inner.muon, inner.adam) for g in o.param_groups] if optimizer_kind == "muon" \
+        else inner.param_groups
+    assert all(group["lr"] == scheduler.get_last_lr()[0] for group in groups)
     for a, b in zip(expected, resumed):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (random.random(), np.random.rand(), torch.rand(())) == expected_draws
@@ -129,4 +136,14 @@ def test_the_float16_gradient_scaler_is_kept_and_a_mismatch_is_refused(tmp_path)
     assert accelerator.scaler.state_dict() == saved and saved["scale"] == 96.5 and saved["_growth_tracker"] == 2
     accelerator.scaler = None
     with pytest.raises(ValueError, match="with a float16 gradient scaler; resume with the same --mixed_precision"):
+        load_training_state(tmp_path, accelerator, model, optimizer, scheduler)
+
+
+@pytest.mark.parametrize("saved_with, resumed_with", [("adam", "muon"), ("muon", "adam")])
+def test_a_checkpoint_of_another_optimizer_is_refused_with_the_fix(tmp_path, saved_with, resumed_with):
+    accelerator, model, optimizer, scheduler, _ = _run(1, saved_with)
+    save_training_state(tmp_path, accelerator, model, optimizer, scheduler)
+    accelerator, model, optimizer, scheduler, _ = _run(1, resumed_with)
+    with pytest.raises(ValueError, match=r"the state of another optimizer than this run's \(--optimizer\): resume "
+                                         r"with the optimizer the run started with"):
         load_training_state(tmp_path, accelerator, model, optimizer, scheduler)

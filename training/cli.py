@@ -31,7 +31,7 @@ from .checkpoints import CHECKPOINT_DIR, refuse_older_run
 from .data import DEFAULT_DEV_PERCENT, FILE_FORMATS, data_file_format
 from .loop import EXPORTED, MIXED_PRECISIONS, TrainingSettings, resolve_mixed_precision, settings_dict
 from .recipes import RECIPES, TASK_DEFAULTS, describe, flag_defaults
-from .schedule import SCHEDULES
+from .schedule import OPTIMIZERS, SCHEDULES
 from .paragraphs import DEV_LINES, PARAGRAPH_WORDS, TRAIN_LINES, WORD_BOUNDARY
 from .tasks import SPECS, TASKS
 from .time_budget import Deadline, parse_duration
@@ -156,6 +156,9 @@ def _add_training_arguments(t) -> None:
                    help="after warmup: inverse_sqrt (the paper's), or linear / cosine decay to zero as the run's "
                         f"budget (--max_steps, --max_epochs or --time_budget) runs out ({_by_task('schedule')})")
     t.add_argument("--weight_decay", type=float, default=_SETTING_DEFAULTS["weight_decay"])
+    t.add_argument("--optimizer", choices=OPTIMIZERS, help="adam (the paper's), or muon: Muon for the layers' "
+                   "weight matrices and Adam for the embeddings, biases and norms, at the same lr "
+                   f"({_by_task('optimizer')})")
     t.add_argument("--clip_norm", type=float, default=_SETTING_DEFAULTS["clip_norm"],
                    help="gradient norm clipping; 0 disables")
     t.add_argument("--seed", type=int, default=_SETTING_DEFAULTS["seed"],
@@ -319,7 +322,8 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                            "mixed_precision", "num_beams", "eval_subset", "ema_decay", "average_last")}
     # the optimizer the run built (a finished run's average, which builds none: the same builder's, from its settings)
     optimizer = result.optimizer or describe_optimizer(make_optimizer(model, settings.lr,
-                                                                      weight_decay=settings.weight_decay))
+                                                                      weight_decay=settings.weight_decay,
+                                                                      kind=settings.optimizer))
     n_settings.update(num_processes=num_processes, optimizer=optimizer, schedule=describe_schedule(settings.schedule))
     summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
                f"{result.train_seconds / 60:.1f} minutes on {num_processes} process(es) "

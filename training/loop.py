@@ -71,7 +71,7 @@ from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_r
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation, generate_texts, load_best, score
 from .model_card import describe_optimizer
-from .schedule import SCHEDULES, make_optimizer, make_scheduler
+from .schedule import OPTIMIZERS, SCHEDULES, make_optimizer, make_scheduler
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline, forecast_end, format_duration
 from .train_state import load_training_state, save_training_state
@@ -106,6 +106,7 @@ class TrainingSettings:
     warmup_steps: int = 1000
     schedule: str = "inverse_sqrt"  # or "linear" / "cosine": to zero as max_steps or the time budget runs out
     weight_decay: float = 0.0
+    optimizer: str = "adam"  # or "muon": Muon for the layers' weight matrices, Adam for the rest
     grad_accum: int = 1
     clip_norm: float = 1.0  # 0: no clipping
     eval_every: int = 500  # updates; 0: evaluate only at the end
@@ -154,6 +155,8 @@ class TrainingSettings:
                 and self.max_epochs is None:
             raise ValueError(f"{shown('schedule')} decays to zero over the run: give max_steps, max_epochs "
                              "or time_budget")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"{shown('optimizer')}: choose one of {', '.join(OPTIMIZERS)}")
         if self.clip_norm < 0:
             raise ValueError(f"{shown('clip_norm')} must be >= 0 (0 disables clipping)")
         if not 0 <= self.ema_decay < 1:
@@ -347,7 +350,7 @@ class TrainingRun:
         model.generation_config.max_length = self.max_length
         model.generation_config.num_beams = settings.num_beams
         model.train()
-        optimizer = make_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay)
+        optimizer = make_optimizer(model, lr=settings.lr, weight_decay=settings.weight_decay, kind=settings.optimizer)
         scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps, schedule=settings.schedule,
                                    progress=self.progress)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)

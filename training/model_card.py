@@ -31,8 +31,16 @@ SCHEDULE_TEXT = {"inverse_sqrt": "linear warmup, then inverse square root",
 
 def describe_optimizer(optimizer) -> str:
     """"Adam(0.9, 0.98, eps 1e-9)" or "AdamW(0.9, 0.98, eps 1e-9, weight decay 0.01)": the optimizer as built (an
-    Accelerate wrapper is looked through), read from its parameter groups, not from the flags."""
+    Accelerate wrapper is looked through), read from its parameter groups, not from the flags. Muon with Adam:
+    "Muon(momentum 0.95, Nesterov) for the layers' weight matrices, Adam(...) for the rest"."""
     optimizer = getattr(optimizer, "optimizer", optimizer)
+    muon = getattr(optimizer, "muon", None)
+    if muon is not None:
+        group = muon.param_groups[0]
+        text = (f"Muon(momentum {group['momentum']:g}{', Nesterov' if group['nesterov'] else ''}"
+                + (f", weight decay {_number(group['weight_decay'])}" if group["weight_decay"] else "")
+                + ") for the layers' weight matrices")
+        return text + (f", {describe_optimizer(optimizer.adam)} for the rest" if optimizer.adam is not None else "")
     group = optimizer.param_groups[0]
     (beta1, beta2), decay = group["betas"], max(g.get("weight_decay", 0.0) for g in optimizer.param_groups)
     text = f"{type(optimizer).__name__}({beta1:g}, {beta2:g}, eps {_number(group['eps'])}"

@@ -6,7 +6,8 @@ differs by task (every other flag defaults to its `TrainingSettings` field); `RE
 config preset (`vaswani.PRESETS`), so a recipe keeps no second copy of the model's hyperparameters.
 
 The G2P recipes were chosen by the study in docs/recipes.md (dev set only; every setting tried is listed there with
-its figure): a learning rate that decays linearly to zero as the budget runs out, eager attention (at CMUdict's
+its figure): Muon for the layers' weight matrices (Adam for the rest) at a peak of 4e-3, a learning rate that decays
+linearly to zero as the budget runs out, eager attention (at CMUdict's
 10-token words torch's CPU flash kernel costs more than the plain matmul and softmax), a dev evaluation every 500
 updates, and bf16 autocast where the CPU multiplies bf16 in hardware (`--mixed_precision auto`: the same learning per
 update, cheaper updates; float32 elsewhere).
@@ -22,15 +23,15 @@ update, cheaper updates; float32 elsewhere).
 from __future__ import annotations
 
 TASK_DEFAULTS = {
-    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=2e-3, warmup_steps=100, schedule="linear",
+    "g2p": dict(preset="g2p-small", max_tokens=1500, lr=4e-3, warmup_steps=100, schedule="linear",
                 attn_implementation="eager", eval_every=500, save_every=500, max_steps=30000, num_beams=4,
-                ema_decay=0.998, max_source_length=256, mixed_precision="auto"),
+                ema_decay=0.998, max_source_length=256, mixed_precision="auto", optimizer="muon"),
     "g2p-paragraph": dict(preset="g2p-paragraph", max_tokens=4096, lr=1e-3, warmup_steps=100, schedule="inverse_sqrt",
                           eval_every=100, save_every=200, max_steps=20000, num_beams=1, ema_decay=0.99,
-                          max_source_length=2048, mixed_precision="no"),
+                          max_source_length=2048, mixed_precision="no", optimizer="adam"),
     "translation": dict(preset="base", max_tokens=4096, lr=7e-4, warmup_steps=4000, schedule="inverse_sqrt",
                         eval_every=1000, save_every=1000, max_steps=100000, num_beams=4, ema_decay=0.0,
-                        max_source_length=256, mixed_precision="no"),
+                        max_source_length=256, mixed_precision="no", optimizer="adam"),
 }
 
 RECIPES = {

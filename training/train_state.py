@@ -196,7 +196,11 @@ def load_training_state(folder: str | Path, accelerator, model, optimizer, sched
                          "in an earlier vaswani); this version never unpickles a checkpoint. Resume that run with "
                          "the vaswani version that wrote it, or start a new one")
     load_weights(accelerator.unwrap_model(model), load_file(str(folder / MODEL_FILE)), str(folder / MODEL_FILE))
-    optimizer.load_state_dict(load_object(folder, OPTIMIZER))
+    saved = load_object(folder, OPTIMIZER)
+    if set(saved) != set(optimizer.state_dict()):
+        raise ValueError(f"{folder} holds the state of another optimizer than this run's (--optimizer): resume with "
+                         "the optimizer the run started with")
+    optimizer.load_state_dict(saved)
     scheduler.load_state_dict(load_object(folder, SCHEDULER))
     loop = load_object(folder, ACCELERATOR)
     accelerator.step = loop["step"]
