@@ -90,6 +90,12 @@ class VaswaniConfig(PreTrainedConfig):
       `sparse_block_size` queries sees its own and the neighbouring blocks, and the first `sparse_global_tokens`
       positions see all and are seen by all; causal in the decoder) or `"linear"` (phi(x) = elu(x) + 1 feature
       maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is always full.
+    - `word_boundary_token_id`, `word_position_stride`: when the id is set, both stacks place each token at
+      `word_position_stride` x (its word's index) + (its offset in the word) instead of its index in the sequence,
+      where every `word_boundary_token_id` token opens a word (`positions_vaswani.word_position_ids`): the n-th
+      word of a source and of its target then share a stretch of positions at any line length.
+      `word_position_shift` (training only): each training example's words are moved by the same random number of
+      words, 0 .. word_position_shift, in both stacks, so that positions far into long lines are trained too.
 
     Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-paragraph" | "tiny", **overrides)`.
     """
@@ -127,6 +133,9 @@ class VaswaniConfig(PreTrainedConfig):
     attention_window: int = 128
     sparse_block_size: int = 64
     sparse_global_tokens: int = 0
+    word_boundary_token_id: int | None = None
+    word_position_stride: int = 64
+    word_position_shift: int = 0
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
     eos_token_id: int | None = 3
@@ -188,16 +197,19 @@ class VaswaniConfig(PreTrainedConfig):
             pattern = getattr(self, f"{side}_attention_pattern")
             if pattern not in ATTENTION_PATTERNS:
                 raise ValueError(f"{side}_attention_pattern={pattern!r} is unknown; choose one of {ATTENTION_PATTERNS}")
-        for name in ("attention_window", "sparse_block_size"):
+        for name in ("attention_window", "sparse_block_size", "word_position_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer (a number of positions)")
+        if self.word_position_shift < 0:
+            raise ValueError(f"word_position_shift={self.word_position_shift} must be 0 or more (a number of words)")
         if self.sparse_global_tokens < 0:
             raise ValueError(f"sparse_global_tokens={self.sparse_global_tokens} must be 0 or more (a number of "
                              f"positions at the start)")
 
     def _check_token_ids(self):
         # The base class only warns for ids outside the vocabulary; an embedding lookup would fail much later.
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+                     "word_boundary_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(

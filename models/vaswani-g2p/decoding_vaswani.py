@@ -67,6 +67,9 @@ SERVED_CONFIG = {
     "position_encoding": ("sinusoidal_interleaved", "sinusoidal_split"),
     "final_logits_bias": (False, True),
     "decoder_attention_pattern": ("full",),
+    "word_boundary_token_id": (None,),  # the loop places tokens at the cache length
+    "word_position_stride": ANY,
+    "word_position_shift": ANY,  # training only
 }
 SERVED_ATTENTION = ("eager", "sdpa")
 # The module types the loop runs: the model's own (by name, in its own files, so that a remote-code copy counts) and

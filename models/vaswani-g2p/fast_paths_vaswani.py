@@ -6,8 +6,8 @@ result. Each is named here, switched here and decided here:
 - `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
   buffer and runs the decoder on frozen weights (decoding_vaswani.py).
 - `onednn_linear`: the linear layers' GEMMs, forward and backward, on oneDNN instead of MKL, on the CPUs where
-  oneDNN's are faster (onednn_vaswani.py). It enters at the `@fast.kernels` of the models' forwards (and the
-  decoding loops multiply with it); every module's forward still runs.
+  oneDNN's are faster, except the smallest (onednn_vaswani.py). It enters at the `@fast.kernels` of the models'
+  forwards (and the decoding loops multiply with it); every module's forward still runs.
 
 Each path earns its place in docs/performance.md, measured against the same model with it off; paths that did not
 (padding-free layers, a custom dropout mask, fused q/k/v projections, ...) were removed.
@@ -25,7 +25,8 @@ tracing; and the module contract holds: every module whose call the path replace
 (the model's own class or torch's, not a subclass or a wrapper such as a PEFT LoRA layer), with no hooks (its own or
 global) and plain parameters. Otherwise the path steps aside and the modules' own forwards run. Each path adds its
 own conditions: for the decoding loop, `decoding_vaswani.lean_blocker` (eval mode, no gradients, the config values
-and module types of its allow-list, eager or SDPA, a fresh cache, tokens only); for the oneDNN linear layers, a CPU where they are faster (`faster_here`).
+and module types of its allow-list, eager or SDPA, a fresh cache, tokens only); for the oneDNN linear layers, a CPU
+where they are faster (`faster_here`).
 """
 
 from __future__ import annotations
@@ -104,31 +105,44 @@ def resolve(value: bool | dict | None = None, current: dict | None = None) -> di
     raise TypeError(f"fast_paths={value!r}: give True, False or a dict {{name: bool}} of {list(FAST_PATHS)}")
 
 
+def _plain_state() -> bool:
+    """Outside autocast, `torch.compile` and tracing."""
+    return not (torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+
+def _cpu_strided(t: torch.Tensor, dtypes) -> bool:
+    return t.is_cpu and t.dtype in dtypes and t.layout == torch.strided
+
+
 def _plain_tensors(tensors, dtypes) -> bool:
-    return (all(t.device.type == "cpu" and t.dtype in dtypes and t.layout == torch.strided for t in tensors)
-            and not torch.overrides.has_torch_function(tensors)
-            and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing())
+    return (all(_cpu_strided(t, dtypes) for t in tensors) and not torch.overrides.has_torch_function(tensors)
+            and _plain_state())
 
 
 def _plain_module(module: nn.Module, dtypes) -> bool:
-    """Exactly one of the model's own or torch's plain classes, without hooks, with plain CPU parameters."""
+    """Exactly one of the model's own or torch's plain classes, without hooks, with plain CPU parameters (exactly
+    `nn.Parameter`, so no tensor subclass). The state checks of `_plain_tensors` are the caller's, once."""
     kind = type(module)
-    own = kind.__module__.rsplit(".", 1)[-1] in _OWN_FILES
-    if not (own or kind in _PLAIN_MODULES or kind.__module__ == "transformers.activations"):
+    if not (kind in _PLAIN_MODULES or kind.__module__ == "transformers.activations"
+            or kind.__module__.rsplit(".", 1)[-1] in _OWN_FILES):
         return False
     if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
         return False
-    parameters = list(module.parameters(recurse=False))
-    return all(type(p) is nn.Parameter for p in parameters) and _plain_tensors(parameters, dtypes)
+    return all(p is None or (type(p) is nn.Parameter and _cpu_strided(p, dtypes)) for p in module._parameters.values())
 
 
 def contract_holds(*modules: nn.Module, dtypes=(torch.float32,)) -> bool:
-    """The module contract for every module in `modules` and below them."""
-    if any(getattr(_module_globals, name) for name in _GLOBAL_HOOKS):
+    """The module contract for every module in `modules` and below them (walked on every call: a hook or a PEFT
+    layer added since the last call counts at once)."""
+    if any(getattr(_module_globals, name) for name in _GLOBAL_HOOKS) or not _plain_state():
         return False
-    return all(_plain_module(m, dtypes) for root in modules for m in root.modules())
+    pending = list(modules)  # what `modules()` walks, without its names (a shared module may come twice)
+    while pending:
+        module = pending.pop()
+        if not _plain_module(module, dtypes):
+            return False
+        pending.extend(child for child in module._modules.values() if child is not None)
+    return True
 
 
 class _FastPaths:

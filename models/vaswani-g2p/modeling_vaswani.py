@@ -34,7 +34,7 @@ from .attention_patterns_vaswani import pattern_attention
 from .caches_vaswani import self_attention_cache
 from .configuration_vaswani import VaswaniConfig
 from .masks_vaswani import cross_attention_mask, masked_softmax, self_attention_mask
-from .positions_vaswani import SinusoidalPositions
+from .positions_vaswani import SinusoidalPositions, word_position_ids
 
 logger = logging.get_logger(__name__)
 
@@ -362,15 +362,32 @@ class _Stack:
     """What the encoder and decoder stacks do around their layers, written once (the decoding loop calls these too)."""
 
     def embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None = None,
-              past_length: int = 0) -> torch.Tensor:
-        """The embedding step: token embeddings (x sqrt(d_model) if `scale_embedding`) + the positions from
-        `past_length` on, then dropout. input_ids (B, T) or inputs_embeds (B, T, d) -> (B, T, d)."""
+              past_length: int = 0, position_ids: torch.LongTensor | None = None) -> torch.Tensor:
+        """The embedding step: token embeddings (x sqrt(d_model) if `scale_embedding`) + the positions, then dropout.
+        input_ids (B, T) or inputs_embeds (B, T, d) -> (B, T, d). The positions: `position_ids` (B, T) when given;
+        else the word-aligned ones of input_ids when the config sets `word_boundary_token_id`; else `past_length`
+        on."""
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale
-        positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], inputs_embeds.dtype,
-                                               inputs_embeds.device)
+        dtype, device = inputs_embeds.dtype, inputs_embeds.device
+        if position_ids is None and self.config.word_boundary_token_id is not None:
+            position_ids = self._word_positions(input_ids, past_length)
+        if position_ids is not None:
+            positions = self.embed_positions(position_ids, dtype)  # from the formula: word positions run far
+        else:
+            positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], dtype, device)
         return F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
+
+    def _word_positions(self, input_ids: torch.LongTensor | None, past_length: int) -> torch.LongTensor:
+        if input_ids is None:
+            raise ValueError("word-aligned positions (word_boundary_token_id) are computed from the token ids; pass "
+                             "input_ids rather than inputs_embeds, or the position ids")
+        if past_length:
+            raise ValueError("word-aligned positions (word_boundary_token_id) after cached tokens depend on the whole "
+                             "prefix: pass decoder_position_ids (generate computes them), or feed the prefix "
+                             "without a cache")
+        return word_position_ids(input_ids, self.config.word_boundary_token_id, self.config.word_position_stride)
 
     def normalize_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The final layer norm of a pre-LN stack (post-LN stacks end on their last layer's norm)."""
@@ -400,12 +417,14 @@ class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask."""
+        """input_ids (B, S); attention_mask (B, S) with 1 for real tokens, or a prepared 4D mask; position_ids (B, S):
+        the tokens' positions, where they are not 0 .. S-1 (or the config's word-aligned ones)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
-        hidden_states = self.embed(input_ids, inputs_embeds)
+        hidden_states = self.embed(input_ids, inputs_embeds, position_ids=position_ids)
         attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, hidden_states,
                                              attention_mask, causal=False)
         for layer in self.layers:
@@ -445,15 +464,19 @@ class VaswaniDecoder(_Stack, VaswaniPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) decoder inputs (labels shifted right); attention_mask (B, T) target padding, or a
-        prepared 4D mask; encoder_hidden_states (B, S, d); encoder_attention_mask (B, S) source padding."""
+        prepared 4D mask; encoder_hidden_states (B, S, d); encoder_attention_mask (B, S) source padding;
+        position_ids (B, T): the inputs' positions, where they are not the cache length on (word-aligned positions
+        after cached tokens)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder")
         if use_cache and cache is None:
             cache = EncoderDecoderCache(self_attention_cache(self.config), DynamicCache(config=self.config))
-        hidden_states = self.embed(input_ids, inputs_embeds, cache.get_seq_length() if cache is not None else 0)
+        hidden_states = self.embed(input_ids, inputs_embeds, cache.get_seq_length() if cache is not None else 0,
+                                   position_ids)
 
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, hidden_states,
@@ -496,6 +519,19 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
 
+    def _shifted_word_positions(self, input_ids, decoder_input_ids, encoder_outputs):
+        """Training with `word_position_shift`: the word-aligned positions of both stacks, each row's moved by the
+        same whole number of words, drawn uniformly from 0 .. word_position_shift, so that the positions of words far
+        into a long line are trained on short ones (randomized positions, Ruoss et al. 2023)."""
+        if input_ids is None or decoder_input_ids is None or encoder_outputs is not None:
+            raise ValueError("word_position_shift moves the positions of both stacks, computed from their token ids: "
+                             "pass input_ids and decoder_input_ids (or labels) in training, not encoder_outputs or "
+                             "embeddings")
+        boundary, stride = self.config.word_boundary_token_id, self.config.word_position_stride
+        shift = torch.randint(0, self.config.word_position_shift + 1, (input_ids.shape[0], 1), device=input_ids.device)
+        return (word_position_ids(input_ids, boundary, stride) + shift * stride,
+                word_position_ids(decoder_input_ids, boundary, stride) + shift * stride)
+
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -509,11 +545,17 @@ class VaswaniModel(VaswaniPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        encoder_position_ids = None
+        if self.training and self.config.word_position_shift and self.config.word_boundary_token_id is not None:
+            encoder_position_ids, decoder_position_ids = self._shifted_word_positions(
+                input_ids, decoder_input_ids, encoder_outputs)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                position_ids=encoder_position_ids, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(
@@ -524,7 +566,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
-            cache=cache, inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs)
+            cache=cache, inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, position_ids=decoder_position_ids,
+            **kwargs)
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             cache=decoder_outputs.cache,
@@ -587,6 +630,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if pattern != "full" and isinstance(cache, EncoderDecoderCache) and not hasattr(cache, "_is_user_defined"):
             self_cache = self_attention_cache(self.config, generation_config.cache_implementation)
             model_kwargs["cache"] = EncoderDecoderCache(self_cache, cache.cross_attention_cache)
+
+    def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
+        """transformers' preparation; with word-aligned positions, also the decoder's position ids, computed from the
+        whole prefix generated so far (the base class passes on the last ones)."""
+        if self.config.word_boundary_token_id is not None and kwargs.get("decoder_position_ids") is None:
+            kwargs["decoder_position_ids"] = word_position_ids(input_ids, self.config.word_boundary_token_id,
+                                                               self.config.word_position_stride)
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                 streamer=None, **model_kwargs):
@@ -652,6 +703,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         """labels (B, T): target ids with -100 where ignored; decoder inputs default to labels shifted right."""
@@ -663,7 +715,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         outputs = self.model(
             input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs, cache=cache,
-            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, **kwargs)
+            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
+            decoder_position_ids=decoder_position_ids, **kwargs)
         logits = self.output_logits(outputs.last_hidden_state)
         loss = self.compute_loss(logits, labels, num_items_in_batch) if labels is not None else None
         return Seq2SeqLMOutput(

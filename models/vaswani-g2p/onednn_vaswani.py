@@ -2,9 +2,11 @@
 
 torch runs a float32 `F.linear` on CPU through MKL's sgemm. On AMD CPUs with AVX-512, MKL takes a code path without
 AVX-512 and oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor emits on CPU) runs the
-same GEMMs much faster (docs/performance.md has the table). The path changes which library multiplies, nothing else:
-every module's forward still runs, and each `F.linear` called inside the model's forward becomes `onednn_linear`,
-whose backward also runs on oneDNN. The result is the same product, rounded in another order.
+same GEMMs much faster (docs/performance.md has the table), except the smallest: below `SMALLEST_GEMM` multiply-adds
+(a decoding step's GEMMs at small batches) oneDNN's fixed cost per call outweighs its speed, so those stay on
+F.linear. The path changes which library multiplies, nothing else: every module's forward still runs, and each
+`F.linear` called inside the model's forward becomes `onednn_linear`, whose backward also runs on oneDNN. The result
+is the same product, rounded in another order.
 
 `OneDNNLinearMode` is the torch function mode that makes the substitution; fast_paths_vaswani.py decides where it is
 entered.
@@ -49,9 +51,16 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+# GEMMs of fewer multiply-adds (rows x in x out) stay on F.linear (measured by shape in docs/performance.md).
+SMALLEST_GEMM = 1 << 22
+
+
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x (..., k) on oneDNN; through autograd only where a gradient is wanted (the
-    decoding loops, which run without gradients, call it directly)."""
+    """F.linear(x, weight, bias) for x (..., k) on oneDNN, or on F.linear when it is smaller than `SMALLEST_GEMM`;
+    through autograd only where a gradient is wanted (the decoding loops, which run without gradients, call it
+    directly)."""
+    if x.numel() * weight.shape[0] < SMALLEST_GEMM:  # rows x in x out
+        return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     out = _OneDNNLinear.apply(flat, weight, bias) if wants_grad else _inner_product(flat, weight, bias)

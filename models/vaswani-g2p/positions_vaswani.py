@@ -1,4 +1,5 @@
-"""Sinusoidal position encodings: computed from (position, d_model), never learned or saved, no length cap."""
+"""Sinusoidal position encodings: computed from (position, d_model), never learned or saved, no length cap; and
+word-aligned position ids (`word_position_ids`)."""
 
 import torch
 from torch import nn
@@ -55,3 +56,14 @@ class SinusoidalPositions(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, layout={self.layout}"
+
+
+def word_position_ids(input_ids: torch.Tensor, boundary_id: int, stride: int) -> torch.Tensor:
+    """Word-aligned positions: `stride` x (the token's word index) + (its offset in the word), where each
+    `boundary_id` token opens a word at offset 0 and the first word starts at the sequence start. input_ids (..., T)
+    -> int64 (..., T). For "A B | C D" (stride 64): 0, 1, 64, 65, 66. A word's tokens keep their positions wherever
+    the word stands in a line, and the n-th word of a source and of its target share the same stretch."""
+    is_boundary = input_ids == boundary_id
+    index = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+    word_start = torch.where(is_boundary, index, 0).cummax(dim=-1).values
+    return is_boundary.long().cumsum(dim=-1) * stride + (index - word_start)
