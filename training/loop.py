@@ -71,7 +71,7 @@ from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_r
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation, generate_texts, load_best, score
 from .model_card import describe_optimizer
-from .schedule import OPTIMIZERS, SCHEDULES, make_optimizer, make_scheduler
+from .schedule import OPTIMIZERS, SCHEDULES, make_optimizer, make_scheduler, native_bf16
 from .tasks import TaskData, encode_pairs
 from .time_budget import Deadline, forecast_end, format_duration
 from .train_state import load_training_state, save_training_state
@@ -197,21 +197,13 @@ class TrainingResult:
                    confirmation=None if averaged_steps else metrics.get("confirm_best"))
 
 
-def native_bf16(cpu: bool = False) -> bool:
-    """Whether the device a run trains on multiplies bfloat16 in hardware: a CUDA GPU that supports it (unless `cpu`),
-    or a CPU with AVX512-BF16 or AMX tiles. Elsewhere bfloat16 GEMMs are emulated and slower than float32."""
-    if torch.cuda.is_available() and not cpu:
-        return torch.cuda.is_bf16_supported()
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(check() for check in checks if check is not None)
-
-
 def resolve_mixed_precision(value: str, cpu: bool = False) -> str:
-    """The precision a run trains in: "auto" is "bf16" where `native_bf16(cpu)`, "no" (float32) elsewhere; any
-    other value as given. bf16 autocasts the forward (weights, optimizer and evaluation stay float32)."""
+    """The precision a run trains in: "auto" is "bf16" where the device (the CPU if `cpu`) multiplies it in hardware
+    (`native_bf16`), "no" (float32) elsewhere; any other value as given. bf16 autocasts the forward (weights,
+    optimizer and evaluation stay float32)."""
     if value != "auto":
         return value
-    return "bf16" if native_bf16(cpu) else "no"
+    return "bf16" if native_bf16("cuda" if torch.cuda.is_available() and not cpu else "cpu") else "no"
 
 
 def make_accelerator(settings: TrainingSettings):

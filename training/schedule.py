@@ -120,13 +120,38 @@ def make_scheduler(
 OPTIMIZERS = ("adam", "muon")
 
 
+def native_bf16(device: torch.device | str = "cpu") -> bool:
+    """Whether `device` multiplies bfloat16 in hardware: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX
+    tiles. Elsewhere bfloat16 GEMMs are emulated and slower than float32."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
+
+
 class BatchedMuon(torch.optim.Muon):
     """torch.optim.Muon with the matrices of one shape updated together: the momentum as one foreach call, and the
-    Newton-Schulz iterations of every matrix of a shape as batched bf16 GEMMs (tall matrices transposed to wide, as
+    Newton-Schulz iterations of every matrix of a shape as batched GEMMs (tall matrices transposed to wide, as
     torch's Muon does). The same algorithm, hyperparameters and state (a `momentum_buffer` per parameter, so the
     state dicts are interchangeable); torch's own loops over the matrices one by one (it has no foreach form yet),
     which costs a small model several times its Adam step. The updates agree with torch.optim.Muon's within bf16
-    rounding (tested)."""
+    rounding (tested).
+
+    `ns_dtype` is the precision of the iterations. None (the default): bfloat16, as torch's Muon, where the matrices'
+    device multiplies it in hardware (`native_bf16`), float32 elsewhere: a CPU without AVX512-BF16 or AMX emulates
+    bfloat16 GEMMs, many times slower than float32 ones."""
+
+    def __init__(self, params, *args, ns_dtype: torch.dtype | None = None, **kwargs):
+        super().__init__(params, *args, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    def _ns_dtype(self, device: torch.device) -> torch.dtype:
+        if self.ns_dtype is not None:
+            return self.ns_dtype
+        return torch.bfloat16 if native_bf16(device) else torch.float32
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -151,7 +176,7 @@ class BatchedMuon(torch.optim.Muon):
                 shapes.setdefault(p.shape, []).append(i)
             for shape, indices in shapes.items():
                 tall = shape[0] > shape[1]
-                x = torch.stack([updates[i] for i in indices]).bfloat16()
+                x = torch.stack([updates[i] for i in indices]).to(self._ns_dtype(params[indices[0]].device))
                 x = _newton_schulz(x.mT if tall else x, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 x = (x.mT if tall else x).float()
                 torch._foreach_add_([params[i] for i in indices], list(x.unbind(0)),
