@@ -2,6 +2,7 @@
 
     python benchmarks/recipe_study.py run NAME [--threads 1] -- TRAIN.PY ARGUMENTS...   # after --: as written
     python benchmarks/recipe_study.py decode NAME [--weights ema raw] [--beams 1 4] [--length_penalty 1.0]
+    python benchmarks/recipe_study.py decode NAME --model models/vaswani-g2p [--beams ...] [--length_penalty ...]
     python benchmarks/recipe_study.py table            # benchmarks/recipe_study.jsonl as one markdown table
 
 `run` trains `scripts/train.py ARGUMENTS --output_dir outputs/study/NAME` (the main job's defaults, plus what the
@@ -10,7 +11,9 @@ target tokens/s, train seconds, dev WER/PER of the final evaluation (the full de
 machine (CPU model, family, AVX-512 or not), the threads and the time. Every run goes in, kept and dropped alike.
 
 `decode` scores a finished run's last checkpoint again on the full dev set, for the choices made after training:
-its moving average of the weights or its raw weights, the beam size and the length penalty (one row each).
+its moving average of the weights or its raw weights, the beam size and the length penalty (one row each). With
+`--model DIR` it scores a saved model folder instead (a release, such as the shipped models/vaswani-g2p; the
+weights as saved), on the dev set of the default g2p task; NAME labels its rows.
 
 Screening runs use `--max_steps` (the result is a function of the updates, not of the machine's speed, so two of
 them may share the machine on one thread each); runs that measure a time budget must have the machine alone.
@@ -72,34 +75,43 @@ def run(name: str, threads: int, train_args: list[str]) -> dict:
     return row
 
 
-def decode(name: str, weights: list[str], beams: list[int], length_penalties: list[float]) -> list[dict]:
+def decode(name: str, weights: list[str], beams: list[int], length_penalties: list[float],
+           model_dir: str | None = None) -> list[dict]:
     import torch
     from safetensors.torch import load_file
 
     from vaswani import VaswaniForConditionalGeneration, VaswaniTokenizer
     from vaswani.training.checkpoints import latest_valid_checkpoint
-    from vaswani.training.cli import saved_arguments, task_data
+    from vaswani.training.cli import parse_args, saved_arguments, task_data
     from vaswani.training.evaluation import evaluate
     from vaswani.training.tasks import encode_pairs
     from vaswani.training.train_state import load_weights
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    run_dir = ROOT / "outputs" / "study" / name
-    args = saved_arguments(run_dir)
-    data = task_data(args)
-    tokenizer = VaswaniTokenizer.from_pretrained(run_dir / "checkpoints" / "tokenizer")
-    last = latest_valid_checkpoint(run_dir / "checkpoints")
+    if model_dir is not None:  # a saved folder: its weights as they are, the default g2p task's dev set
+        run_dir, data, last = Path(model_dir), task_data(parse_args([])), None
+        tokenizer, weights = VaswaniTokenizer.from_pretrained(run_dir), ["saved"]
+        step = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8")).get("dev", {}).get("step") \
+            if (run_dir / "metrics.json").is_file() else None
+    else:
+        run_dir = ROOT / "outputs" / "study" / name
+        data = task_data(saved_arguments(run_dir))
+        tokenizer = VaswaniTokenizer.from_pretrained(run_dir / "checkpoints" / "tokenizer")
+        last = latest_valid_checkpoint(run_dir / "checkpoints")
+        step = last.step
     examples = encode_pairs(tokenizer, data.dev_pairs)
     rows = []
     for kind in weights:
         model = VaswaniForConditionalGeneration.from_pretrained(run_dir).eval()
-        load_weights(model, load_file(str(last.path / ("ema.safetensors" if kind == "ema" else "model.safetensors"))))
+        if last is not None:
+            load_weights(model, load_file(str(last.path / ("ema.safetensors" if kind == "ema" else
+                                                           "model.safetensors"))))
         for num_beams in sorted(set(beams)):
             for penalty in length_penalties if num_beams > 1 else [1.0]:
                 model.generation_config.length_penalty = penalty
                 dev = evaluate(model, tokenizer, data.task, data.dev_sources, data.dev_references, examples,
                                num_beams=num_beams, max_length=model.generation_config.max_length)
-                row = {"name": name, "decode": {"weights": kind, "step": last.step, "num_beams": num_beams,
+                row = {"name": name, "decode": {"weights": kind, "step": step, "num_beams": num_beams,
                                                 "length_penalty": penalty},
                        "wer": dev["wer"], "per": dev["per"], "machine": machine(),
                        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -117,7 +129,8 @@ def table() -> str:
     for r in rows:
         if "decode" in r:
             d = r["decode"]
-            lines.append(f"| {r['name']}, decoded again | {d['weights']} weights of step {d['step']:,}, beam "
+            step = "?" if d.get("step") is None else f"{d['step']:,}"  # a saved folder without metrics.json
+            lines.append(f"| {r['name']}, decoded again | {d['weights']} weights of step {step}, beam "
                          f"{d['num_beams']}, length penalty {d['length_penalty']} | | | {r['wer']:.2f} % | "
                          f"{r['per']:.2f} % | {r['machine']} | {r['started']} |")
             continue
@@ -138,6 +151,7 @@ def main(argv=None) -> int:
     d.add_argument("--weights", nargs="+", choices=("ema", "raw"), default=["ema", "raw"])
     d.add_argument("--beams", nargs="+", type=int, default=[1, 4])
     d.add_argument("--length_penalty", nargs="+", type=float, default=[1.0])
+    d.add_argument("--model", help="a saved model folder to score instead of outputs/study/NAME's last checkpoint")
     sub.add_parser("table", help="print the table of every recorded run")
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -145,7 +159,7 @@ def main(argv=None) -> int:
     if options.command == "run":  # everything after "--" goes to scripts/train.py as written
         run(options.name, options.threads, train_args)
     elif options.command == "decode":
-        decode(options.name, options.weights, options.beams, options.length_penalty)
+        decode(options.name, options.weights, options.beams, options.length_penalty, options.model)
     else:
         print(table())
     return 0
