@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# (Re)installs when the package or its console scripts are missing, e.g. a .venv from before vaswani.data existed.
+# (Re)installs when the package, its console scripts or a dev tool are missing, e.g. a .venv from before
+# vaswani.data or pytest-xdist.
 if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/vaswani-train ] \
-        || ! .venv/bin/python -c "import vaswani.data, torch, transformers" 2>/dev/null; then
+        || ! .venv/bin/python -c "import vaswani.data, torch, transformers, xdist" 2>/dev/null; then
     "$PY" -m venv .venv
     .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v "^WARNING: Location" || true
