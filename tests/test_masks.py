@@ -1,12 +1,14 @@
 """The masks (modeling/masks_vaswani.py): the one rule for a query with no real key, checked in every pattern, every
-CPU backend and the decoding loop."""
+CPU backend and the decoding loop; and dropout's masks."""
 
 import pytest
 import torch
 from helpers import make_model, padded_batch
 
 from vaswani import VaswaniConfig
-from vaswani.masks_vaswani import additive_key_mask, attend_somewhere
+import vaswani.masks_vaswani as masks
+import vaswani.modeling_vaswani as modeling
+from vaswani.masks_vaswani import DROPOUT_LEVELS, additive_key_mask, attend_somewhere, dropout
 
 PATTERNS = ("full", "local", "block_sparse", "linear")
 
@@ -78,3 +80,82 @@ def test_the_decoding_loop_reads_an_all_padding_source_as_unpadded():
     assert (additive[2:] == 0).all()  # row 1: every source position
     assert additive[0, 0, 2] == torch.finfo(torch.float32).min and (additive[:2, :, :2] == 0).all()
     assert additive_key_mask(torch.tensor([[0, 0]]), heads=2, dtype=torch.float32) is None  # nothing masked
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
+def test_dropout_keeps_each_element_with_the_rounded_probability_on_every_quarter_of_a_draw(p):
+    """Each 64-bit draw gives four elements: each of the four must be kept at the rate, and neighbours independently
+    (a draw read once for all four, or a sign bit never set, fails here)."""
+    torch.manual_seed(0)
+    n = 1 << 20
+    kept = dropout(torch.ones(n), p, True) != 0
+    rate = 1 - round(p * DROPOUT_LEVELS) / DROPOUT_LEVELS
+    quarter = n // 4
+    sigma = (rate * (1 - rate) / quarter) ** 0.5
+    for offset in range(4):  # each 16-bit quarter of the 64-bit words
+        assert abs(kept[offset::4].double().mean().item() - rate) < 5 * sigma, offset
+    both = (kept[:-1] & kept[1:]).double().mean().item()  # neighbours within a word and across words
+    assert abs(both - rate**2) < 5 * (rate**2 * (1 - rate**2) / n) ** 0.5
+
+
+def test_dropout_scales_by_the_inverse_of_the_kept_share_and_the_gradient_takes_the_same_mask():
+    torch.manual_seed(1)
+    x = torch.randn(64, 33, dtype=torch.float64, requires_grad=True)  # 2,112 elements: not a multiple of 4 words
+    torch.manual_seed(2)
+    y = dropout(x, 0.1, True)
+    kept = y != 0
+    cut = round(0.1 * DROPOUT_LEVELS)
+    scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - cut)
+    assert 0 < kept.sum() < x.numel()
+    torch.testing.assert_close(y, torch.where(kept, x * scale, 0.0), rtol=0, atol=0)
+    grad = torch.randn_like(x)
+    y.backward(grad)
+    torch.testing.assert_close(x.grad, torch.where(kept, grad * scale, 0.0), rtol=0, atol=0)
+
+    def seeded(t):  # the same mask at every call, for gradcheck
+        torch.manual_seed(2)
+        return dropout(t, 0.1, True)
+
+    assert torch.autograd.gradcheck(seeded, (x.detach().requires_grad_(),))
+    ones = torch.ones(1 << 20, dtype=torch.float64)
+    torch.manual_seed(3)
+    assert abs(dropout(ones, 0.1, True).mean().item() - 1) < 5 * (0.1 / 0.9 / ones.numel()) ** 0.5  # unbiased
+
+
+def test_dropout_follows_torch_s_generator_and_is_the_input_outside_training():
+    x = torch.randn(1000)
+    torch.manual_seed(5)
+    first = dropout(x, 0.2, True)
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x, 0.2, True), first)
+    assert not torch.equal(dropout(x, 0.2, True), first)  # the generator moved on
+    assert dropout(x, 0.2, False) is x and dropout(x, 0.0, True) is x
+    assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))  # no level keeps anything: F.dropout
+    half = torch.randn(1000, dtype=torch.bfloat16)
+    assert dropout(half, 0.2, True).dtype == torch.bfloat16
+
+
+def test_every_dropout_of_the_model_is_the_one_definition(monkeypatch):
+    """Embeddings, residual branches, feed-forward activations and eager attention weights all go through
+    masks_vaswani.dropout in training; F.dropout is never called on the CPU."""
+    calls = []
+
+    def counted(x, p, training):
+        calls.append((tuple(x.shape), p))
+        return dropout(x, p, training)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("F.dropout called: the model's dropout is masks_vaswani.dropout")
+
+    monkeypatch.setattr(modeling, "dropout", counted)
+    monkeypatch.setattr(masks, "dropout", counted)
+    monkeypatch.setattr(torch.nn.functional, "dropout", refused)
+    config = VaswaniConfig.from_preset("tiny", dropout=0.1, activation_dropout=0.2, attention_dropout=0.3)
+    model = make_model(config, attn="eager").train()
+    ids = torch.randint(4, config.vocab_size, (2, 5))
+    model(input_ids=ids, labels=ids).loss.backward()
+    layers = config.encoder_layers + config.decoder_layers
+    assert sorted(p for _, p in calls) == sorted(
+        [0.1] * (2 + 2 * config.encoder_layers + 3 * config.decoder_layers)  # embeddings and residual branches
+        + [0.2] * layers  # feed-forward activations
+        + [0.3] * (config.encoder_layers + 2 * config.decoder_layers))  # attention weights
