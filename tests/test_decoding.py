@@ -118,6 +118,76 @@ def test_processors_and_stopping_behave_as_in_transformers(tiny_config):
     assert finished_early >= 3  # the EOS path (padding of finished rows) was exercised
 
 
+def _spy_on_drops(monkeypatch) -> list[int]:
+    """The number of rows the greedy loop keeps at each drop of finished rows, as they happen."""
+    kept = []
+    original = decoding_vaswani._LeanDecoder.keep
+
+    def spy(self, rows, length):
+        kept.append(rows.shape[0])
+        return original(self, rows, length)
+
+    monkeypatch.setattr(decoding_vaswani._LeanDecoder, "keep", spy)
+    return kept
+
+
+@pytest.mark.parametrize("share", [1e-9, 0.4])  # each finished row at once, or several at a time
+def test_greedy_stops_running_finished_rows_and_gives_transformers_tokens(tiny_config, monkeypatch, share):
+    """Greedy search drops rows once they finish (transformers' loop runs every row to the end): the same sequences,
+    on padded sources (the cross-attention keys and mask follow their rows) and with row-wise processors, over drop
+    after drop."""
+    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", share)
+    kept = _spy_on_drops(monkeypatch)
+    model = make_model(tiny_config, seed=5).double()
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
+    batch = padded_batch(12, batch=6)
+    assert not batch["attention_mask"].all()
+    settings = [  # the length penalty makes rows finish at different steps
+        dict(max_new_tokens=15, exponential_decay_length_penalty=(2, 1.3)),
+        dict(max_new_tokens=15, min_new_tokens=3, repetition_penalty=1.7, no_repeat_ngram_size=2),
+        dict(max_new_tokens=12, eos_token_id=[tiny_config.eos_token_id, 7], suppress_tokens=[5],
+             exponential_decay_length_penalty=(1, 1.5)),
+    ]
+    drops = []
+    for setting in settings:
+        for flip in (False, True):  # the batch as it is, and upside down
+            kept.clear()
+            inputs = {name: batch[name].flip(0) if flip else batch[name] for name in ("input_ids", "attention_mask")}
+            lean, reference, ran = generate_both(model, **inputs, **setting)
+            assert ran and torch.equal(lean, reference), setting
+            drops.append(list(kept))
+    assert sum(map(len, drops)) >= 2, drops
+    if share < 0.1:  # every finish is a drop, among them drops from a decoder that had dropped rows already
+        assert all(drops) and max(map(len, drops)) >= 3, drops
+
+
+class RowBonus(LogitsProcessor):
+    """A user's processor that reads a row's index in the batch: row i favours token 4 + i."""
+
+    def __call__(self, input_ids, scores):
+        bonus = torch.zeros_like(scores)
+        rows = torch.arange(scores.shape[0])
+        bonus[rows, 4 + rows] = 0.5
+        return scores + bonus
+
+
+def test_greedy_runs_every_row_for_processors_it_does_not_know_and_for_sampling(tiny_config, monkeypatch):
+    """A processor outside the row-wise list may depend on a row's index (RowBonus does), and sampling's draws on the
+    batch: both get every row to the end, and transformers' tokens."""
+    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", 1e-9)
+    kept = _spy_on_drops(monkeypatch)
+    model = make_model(tiny_config, seed=5).double()
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
+    batch = padded_batch(12, batch=6)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
+                  exponential_decay_length_penalty=(2, 1.3))
+    for setting in (dict(logits_processor=LogitsProcessorList([RowBonus()])), dict(do_sample=True, top_k=0, seed=3)):
+        lean, reference, ran = generate_both(model, **inputs, **setting)
+        assert ran and torch.equal(lean, reference), setting
+        assert (lean == tiny_config.pad_token_id).any()  # rows did finish early
+    assert kept == []
+
+
 class StopAfter(StoppingCriteria):
     def __init__(self, length):
         self.length = length
@@ -315,6 +385,59 @@ def test_beam_settings_behave_as_in_transformers(tiny_config):
         assert torch.equal(lean, reference), setting
         shorter += int((lean[:, 1:-1] == eos).any())
     assert shorter >= 3  # hypotheses finished at different lengths (and were filled up)
+
+
+@pytest.mark.parametrize("share", [1e-9, 0.4])
+def test_beam_search_stops_running_finished_sentences_and_gives_transformers_tokens(tiny_config, monkeypatch, share):
+    """Beam search drops a sentence's beams once nothing it returns can change (transformers' loop runs them to the
+    end): the same sequences for every beam setting that allows it, the batch as it is and upside down (so that
+    sentences leave from the middle of those still running), over drop after drop."""
+    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", share)
+    kept = _spy_on_drops(monkeypatch)
+    model = make_model(tiny_config, seed=5).double()
+    batch = padded_batch(12, batch=8)
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 8  # sentences finish at different steps
+    eos = tiny_config.eos_token_id
+    settings = [
+        dict(num_beams=3, max_new_tokens=15),
+        dict(num_beams=5, max_new_tokens=12, num_return_sequences=3),
+        dict(num_beams=4, max_new_tokens=12, length_penalty=2.0, early_stopping="never"),
+        dict(num_beams=4, max_new_tokens=12, length_penalty=-1.0, early_stopping=True),
+        dict(num_beams=2, max_new_tokens=15, min_new_tokens=3, repetition_penalty=1.7, no_repeat_ngram_size=2),
+        dict(num_beams=3, max_new_tokens=12, eos_token_id=[eos, 7], exponential_decay_length_penalty=(2, 1.3)),
+    ]
+    drops = []
+    for setting in settings:
+        for flip in (False, True):
+            kept.clear()
+            inputs = {name: batch[name].flip(0) if flip else batch[name] for name in ("input_ids", "attention_mask")}
+            lean, reference, ran = beam_both(model, **inputs, **setting)
+            assert ran and torch.equal(lean, reference), (setting, flip)
+            drops.append(list(kept))
+    assert sum(map(bool, drops)) >= 6, drops
+    if share < 0.1:
+        assert max(map(len, drops)) >= 3, drops
+
+
+def test_beam_search_runs_every_sentence_for_criteria_and_processors_it_does_not_know(tiny_config, monkeypatch):
+    """A user's stopping criteria may stop all continuations of a sentence, which ends the loop (and changes what
+    the finished sentences return), a user's processor may read a row's index, and beam sampling's draws depend on
+    the batch: each keeps every sentence to the end, and gets transformers' tokens."""
+    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", 1e-9)
+    kept = _spy_on_drops(monkeypatch)
+    model = make_model(tiny_config, seed=5).double()
+    batch = padded_batch(12, batch=5)
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
+                  num_beams=3)
+    for setting in (dict(stopping_criteria=StoppingCriteriaList([StopAfter(9)])),
+                    dict(logits_processor=LogitsProcessorList([RowBonus()])),
+                    dict(do_sample=True, top_k=0, seed=4)):
+        lean, reference, ran = beam_both(model, **inputs, **setting)
+        assert ran and torch.equal(lean, reference), setting
+    assert kept == []
+    beam_both(model, **inputs)
+    assert kept  # the same call without them drops sentences
 
 
 def test_beam_search_float32_padding_user_criteria_and_bfloat16_fallback(tiny_config):
