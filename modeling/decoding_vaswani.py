@@ -325,6 +325,23 @@ class _LeanDecoder:
         self.layers = [_LeanLayer(layer, sources, rows, capacity, linear) for layer in self.decoder.layers]
         self.lm_head = _frozen(model.get_output_embeddings(), linear=linear)
         self.cross_mask = additive_key_mask(source_mask, model.config.decoder_attention_heads, sources.dtype)
+        self.batch_rows = rows
+        self.rows = None  # the batch rows it runs, in order, once it no longer runs them all (`keep_rows`)
+        self.position = None  # batch row -> its index among `rows` (-1: not run)
+
+    def local(self, rows: torch.Tensor) -> torch.Tensor:
+        """The indices among the rows it runs of these batch rows (which it runs)."""
+        return rows if self.rows is None else self.position[rows]
+
+    def keep_rows(self, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """Run only these batch rows (in order, among those it runs) from now on; returns their indices among the
+        rows it ran until now."""
+        local = self.local(rows)
+        self.keep(local, length)
+        self.rows = rows
+        self.position = torch.full((self.batch_rows,), -1, dtype=rows.dtype, device=rows.device)
+        self.position[rows] = torch.arange(rows.shape[0], device=rows.device)
+        return local
 
     def keep(self, rows: torch.Tensor, length: int) -> None:
         """Run only these rows (of those it runs now, in this order) from now on; `length` positions are filled.
@@ -455,20 +472,20 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     drops = not generation_config.do_sample and has_eos_stopping_criteria and _row_wise(logits_processor)
     batch = input_ids.shape[0]
-    rows = None  # the batch rows the decoder runs, in order, once it no longer runs them all
     unfinished_sequences = torch.ones(batch, dtype=torch.bool, device=input_ids.device)
     tokens = input_ids[:, -1:]
     while True:
         logits = decoder.next_token_logits(tokens, input_ids.shape[1] - 1)  # a fresh tensor: no copy needed first
-        next_token_scores = logits_processor(input_ids if rows is None else input_ids[rows], logits.float())
+        next_token_scores = logits_processor(input_ids if decoder.rows is None else input_ids[decoder.rows],
+                                             logits.float())
         if generation_config.do_sample:
             probs = F.softmax(next_token_scores, dim=-1)
             next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
         else:
             next_tokens = torch.argmax(next_token_scores, dim=-1)
         tokens = next_tokens[:, None]  # what the decoder's rows read next (a finished row's is never used)
-        if rows is not None:
-            next_tokens = pad_token_id.expand(batch).index_put((rows,), next_tokens)
+        if decoder.rows is not None:
+            next_tokens = pad_token_id.expand(batch).index_put((decoder.rows,), next_tokens)
         if has_eos_stopping_criteria:  # finished rows get padding
             next_tokens = torch.where(unfinished_sequences, next_tokens, pad_token_id)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
@@ -477,9 +494,7 @@ def lean_sample(model, input_ids, logits_processor, stopping_criteria, generatio
         if not running:
             return input_ids
         if drops and tokens.shape[0] - running >= DROP_FINISHED * tokens.shape[0]:
-            kept = (unfinished_sequences if rows is None else unfinished_sequences[rows]).nonzero().squeeze(1)
-            decoder.keep(kept, input_ids.shape[1] - 1)
-            rows, tokens = kept if rows is None else rows[kept], tokens[kept]
+            tokens = tokens[decoder.keep_rows(unfinished_sequences.nonzero().squeeze(1), input_ids.shape[1] - 1)]
 
 
 # Both loops stop running what has finished, as CTranslate2 does, once this share of what the decoder runs has: greedy
@@ -545,15 +560,15 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     decoder = _start(model, generation_config, model_kwargs, group=num_beams, linear=linear)
     drops = not do_sample and _row_wise(logits_processor) and all(
         type(criteria) in _ROW_BLIND_STOPPING for criteria in stopping_criteria)
-    identity = beam_range = torch.arange(batch_size * num_beams, device=device)
-    rows = None  # the flat rows (sentence x beam) the decoder runs, in order, once it no longer runs them all
+    identity = torch.arange(batch_size * num_beams, device=device)
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
+        rows = decoder.rows  # the flat rows (sentence x beam) the decoder runs, once it no longer runs them all
         tokens = flat_running_sequences[:, -1:] if rows is None else flat_running_sequences[rows, -1:]
         logits = decoder.next_token_logits(tokens, cur_len - 1)
         log_probs = F.log_softmax(logits.float(), dim=-1)  # a new tensor: no copy needed first
         if rows is not None:  # the beams of a finished sentence get any scores: nothing it returns can change now
-            log_probs = log_probs.new_zeros(len(beam_range), log_probs.shape[1]).index_copy_(0, rows, log_probs)
+            log_probs = log_probs.new_zeros(decoder.batch_rows, log_probs.shape[1]).index_copy_(0, rows, log_probs)
         log_probs = logits_processor(flat_running_sequences, log_probs)
         log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
         log_probs = torch.reshape(log_probs, (batch_size, -1))
@@ -594,12 +609,11 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
                 open_sentences = open_sentences & ~is_sent_finished.all(1)
             running, present = int(open_sentences.sum()), identity.shape[0] // num_beams
             if present - running >= DROP_FINISHED * present:
-                kept = (open_sentences.nonzero() * num_beams + torch.arange(num_beams, device=device)).flatten()
-                decoder.keep(kept if rows is None else position[kept], cur_len - 1)
-                rows, identity = kept, torch.arange(kept.shape[0], device=device)
-                position = torch.full_like(beam_range, -1).index_copy_(0, rows, identity)  # flat row -> decoder row
-        if rows is not None:  # beams never move across sentences: a running sentence's sources are running too
-            beam_idx = position[beam_idx[rows]]
+                decoder.keep_rows((open_sentences.nonzero() * num_beams + torch.arange(num_beams, device=device))
+                                  .flatten(), cur_len - 1)
+                identity = torch.arange(decoder.rows.shape[0], device=device)
+        if decoder.rows is not None:  # beams never move across sentences: a running sentence's sources are running
+            beam_idx = decoder.local(beam_idx[decoder.rows])
         moved = (beam_idx != identity).nonzero().squeeze(1)  # the rows whose history changes
         if moved.numel():
             sources = beam_idx.index_select(0, moved).long()

@@ -131,16 +131,22 @@ def _spy_on_drops(monkeypatch) -> list[int]:
     return kept
 
 
+def _rows_that_finish_apart(tiny_config, monkeypatch, share, batch, scale):
+    """(the drop spy, a float64 model whose EOS is made likely, so that rows finish at different steps, a padded
+    batch), with `DROP_FINISHED` set to `share`."""
+    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", share)
+    kept = _spy_on_drops(monkeypatch)
+    model = make_model(tiny_config, seed=5).double()
+    model.model.shared.weight.data[tiny_config.eos_token_id] *= scale
+    return kept, model, padded_batch(12, batch=batch)
+
+
 @pytest.mark.parametrize("share", [1e-9, 0.4])  # each finished row at once, or several at a time
 def test_greedy_stops_running_finished_rows_and_gives_transformers_tokens(tiny_config, monkeypatch, share):
     """Greedy search drops rows once they finish (transformers' loop runs every row to the end): the same sequences,
     on padded sources (the cross-attention keys and mask follow their rows) and with row-wise processors, over drop
     after drop."""
-    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", share)
-    kept = _spy_on_drops(monkeypatch)
-    model = make_model(tiny_config, seed=5).double()
-    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
-    batch = padded_batch(12, batch=6)
+    kept, model, batch = _rows_that_finish_apart(tiny_config, monkeypatch, share, batch=6, scale=4)
     assert not batch["attention_mask"].all()
     settings = [  # the length penalty makes rows finish at different steps
         dict(max_new_tokens=15, exponential_decay_length_penalty=(2, 1.3)),
@@ -174,11 +180,7 @@ class RowBonus(LogitsProcessor):
 def test_greedy_runs_every_row_for_processors_it_does_not_know_and_for_sampling(tiny_config, monkeypatch):
     """A processor outside the row-wise list may depend on a row's index (RowBonus does), and sampling's draws on the
     batch: both get every row to the end, and transformers' tokens."""
-    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", 1e-9)
-    kept = _spy_on_drops(monkeypatch)
-    model = make_model(tiny_config, seed=5).double()
-    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
-    batch = padded_batch(12, batch=6)
+    kept, model, batch = _rows_that_finish_apart(tiny_config, monkeypatch, 1e-9, batch=6, scale=4)
     inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
                   exponential_decay_length_penalty=(2, 1.3))
     for setting in (dict(logits_processor=LogitsProcessorList([RowBonus()])), dict(do_sample=True, top_k=0, seed=3)):
@@ -392,11 +394,7 @@ def test_beam_search_stops_running_finished_sentences_and_gives_transformers_tok
     """Beam search drops a sentence's beams once nothing it returns can change (transformers' loop runs them to the
     end): the same sequences for every beam setting that allows it, the batch as it is and upside down (so that
     sentences leave from the middle of those still running), over drop after drop."""
-    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", share)
-    kept = _spy_on_drops(monkeypatch)
-    model = make_model(tiny_config, seed=5).double()
-    batch = padded_batch(12, batch=8)
-    model.model.shared.weight.data[tiny_config.eos_token_id] *= 8  # sentences finish at different steps
+    kept, model, batch = _rows_that_finish_apart(tiny_config, monkeypatch, share, batch=8, scale=8)
     eos = tiny_config.eos_token_id
     settings = [
         dict(num_beams=3, max_new_tokens=15),
@@ -423,11 +421,7 @@ def test_beam_search_runs_every_sentence_for_criteria_and_processors_it_does_not
     """A user's stopping criteria may stop all continuations of a sentence, which ends the loop (and changes what
     the finished sentences return), a user's processor may read a row's index, and beam sampling's draws depend on
     the batch: each keeps every sentence to the end, and gets transformers' tokens."""
-    monkeypatch.setattr(decoding_vaswani, "DROP_FINISHED", 1e-9)
-    kept = _spy_on_drops(monkeypatch)
-    model = make_model(tiny_config, seed=5).double()
-    batch = padded_batch(12, batch=5)
-    model.model.shared.weight.data[tiny_config.eos_token_id] *= 4
+    kept, model, batch = _rows_that_finish_apart(tiny_config, monkeypatch, 1e-9, batch=5, scale=4)
     inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
                   num_beams=3)
     for setting in (dict(stopping_criteria=StoppingCriteriaList([StopAfter(9)])),
