@@ -28,8 +28,10 @@ def _inner_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """F.linear over 2D input on oneDNN, forward and backward (input gradient g W, weight gradient g^T x, bias
-    gradient the column sums of g). Saves what F.linear saves: the input and the weight."""
+    """F.linear over 2D input on oneDNN: the forward and the input gradient g W; the weight gradient g^T x on torch's
+    `mm` (both of its operands are transposed activations, which oneDNN's inner product would first copy, and `mm`
+    reads in place: docs/performance.md has the measurement); the bias gradient the column sums of g. Saves what
+    F.linear saves: the input and the weight."""
 
     @staticmethod
     def forward(x, weight, bias):
@@ -46,7 +48,7 @@ class _OneDNNLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         wants_x, wants_weight, wants_bias = ctx.needs_input_grad
         grad_x = _inner_product(grad, weight.t()) if wants_x else None
-        grad_weight = _inner_product(grad.t(), x.t()) if wants_weight else None
+        grad_weight = torch.mm(grad.t(), x) if wants_weight else None
         grad_bias = grad.sum(0) if ctx.has_bias and wants_bias else None
         return grad_x, grad_weight, grad_bias
 

@@ -129,3 +129,16 @@ def test_faster_here_means_amd_with_avx512(tmp_path, vendor, capability, expecte
             assert onednn_vaswani.faster_here() is expected
     finally:
         onednn_vaswani.faster_here.cache_clear()
+
+
+def test_the_weight_gradient_runs_on_mm_without_copies():
+    """The backward multiplies g W on oneDNN and g^T x on torch's mm, which reads the two transposed activations in
+    place (oneDNN would copy them first): one oneDNN call for the input's gradient, none for the weight's."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(12, 24, generator=g, requires_grad=True)
+    weight = torch.randn(40, 24, generator=g, requires_grad=True)
+    out = onednn_linear(x, weight)
+    with mock.patch.object(onednn_vaswani, "_inner_product", wraps=onednn_vaswani._inner_product) as inner:
+        out.backward(torch.randn(12, 40, generator=g))
+    assert inner.call_count == 1
+    assert inner.call_args.args[0].shape == (12, 40)  # the incoming gradient, for the input's gradient
