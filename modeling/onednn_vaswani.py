@@ -5,8 +5,8 @@ AVX-512 and oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the ke
 same GEMMs much faster (docs/performance.md has the table), except the smallest: below `SMALLEST_GEMM` multiply-adds
 (a decoding step's GEMMs at small batches) oneDNN's fixed cost per call outweighs its speed, so those stay on
 F.linear. The path changes which library multiplies, nothing else: every module's forward still runs, and each
-`F.linear` called inside the model's forward becomes `onednn_linear`, whose backward also runs on oneDNN. The result
-is the same product, rounded in another order.
+`F.linear` called inside the model's forward becomes `onednn_linear`, whose input gradient also runs on oneDNN (the
+weight gradient on torch's `mm`). The result is the same product, rounded in another order.
 
 `OneDNNLinearMode` is the torch function mode that makes the substitution; fast_paths_vaswani.py decides where it is
 entered.
