@@ -131,14 +131,32 @@ def test_faster_here_means_amd_with_avx512(tmp_path, vendor, capability, expecte
         onednn_vaswani.faster_here.cache_clear()
 
 
-def test_the_weight_gradient_runs_on_mm_without_copies():
-    """The backward multiplies g W on oneDNN and g^T x on torch's mm, which reads the two transposed activations in
-    place (oneDNN would copy them first): one oneDNN call for the input's gradient, none for the weight's."""
+def test_the_weight_gradient_reads_its_operands_untransposed():
+    """The backward multiplies g W by oneDNN's inner product, and g^T x with the bias's column sums by its
+    backward-weights primitive, handed g and x as they are stored (the inner product on g^T and x^T would copy both
+    first): one call of each."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(12, 24, generator=g, requires_grad=True)
     weight = torch.randn(40, 24, generator=g, requires_grad=True)
-    out = onednn_linear(x, weight)
-    with mock.patch.object(onednn_vaswani, "_inner_product", wraps=onednn_vaswani._inner_product) as inner:
+    bias = torch.randn(40, generator=g, requires_grad=True)
+    out = onednn_linear(x, weight, bias)
+    with mock.patch.object(onednn_vaswani, "_inner_product", wraps=onednn_vaswani._inner_product) as inner, \
+            mock.patch.object(onednn_vaswani, "_weight_gradients", wraps=onednn_vaswani._weight_gradients) as weights:
         out.backward(torch.randn(12, 40, generator=g))
     assert inner.call_count == 1
     assert inner.call_args.args[0].shape == (12, 40)  # the incoming gradient, for the input's gradient
+    assert weights.call_count == 1
+    grad, saved = weights.call_args.args[:2]
+    assert grad.shape == (12, 40) and grad.stride() == (40, 1)  # row by row, not a transposed view
+    assert saved.shape == (12, 24) and saved.stride() == (24, 1)
+
+
+def test_a_trainable_weight_beside_a_frozen_bias():
+    """The bias's column sums come with the weight's gradient only when the bias wants one."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(10, 24, generator=g)
+    weight, bias = torch.randn(40, 24, generator=g, requires_grad=True), torch.randn(40, generator=g)
+    grad = torch.randn(10, 40, generator=g)
+    onednn_linear(x, weight, bias).backward(grad)
+    assert bias.grad is None
+    torch.testing.assert_close(weight.grad, (grad.double().t() @ x.double()).float(), rtol=1e-5, atol=1e-5)
