@@ -194,7 +194,9 @@ def _training_name(size: str, attn: str, padded: bool, dropout: float) -> str:
     return f"train {size} {attn} {'padded' if padded else 'unpadded'} dropout {dropout:g}"
 
 
-GEMM_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"}
+# oneDNN's: the inner product (the `onednn_linear` path's forward and input gradient) and its backward-weights
+# primitive (the path's weight gradient, with the bias's column sums in the same pass)
+GEMM_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::mkldnn_linear_backward_weights"}
 ATTENTION_OPS = {"aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax", "aten::_softmax_backward_data",
                  "aten::masked_fill", "aten::masked_fill_"}
 

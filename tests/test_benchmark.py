@@ -327,6 +327,22 @@ def test_profiler_ops_are_sorted_into_gemm_attention_and_other():
     assert {name: benchmark.op_category(name) for name in expected} == expected
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_the_onednn_paths_gemms_are_sorted_as_gemms(monkeypatch):
+    """Every GEMM the oneDNN path runs, forward and backward, shows in the profile under a name sorted as "gemm"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from vaswani import onednn_vaswani
+
+    monkeypatch.setattr(onednn_vaswani, "SMALLEST_GEMM", 0)
+    x, weight, bias = (torch.randn(*shape, requires_grad=True) for shape in ((64, 32), (48, 32), (48,)))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        onednn_vaswani.onednn_linear(x, weight, bias).backward(torch.randn(64, 48))
+    names = {event.key for event in prof.key_averages()}
+    assert {name for name in names if benchmark.op_category(name) == "gemm"} == {
+        "mkldnn::_linear_pointwise", "aten::mkldnn_linear_backward_weights"}
+
+
 def test_step_time_split_sums_to_one():
     _, vaswani = benchmark.build_pair("quick", dropout=0.0)
     split = benchmark.step_time_split(vaswani, benchmark.make_batch("quick", padded=True))
