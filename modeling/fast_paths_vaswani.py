@@ -5,7 +5,7 @@ result. Each is named here, switched here and decided here:
 
 - `lean_decoding`: greedy search, sampling and beam search in a loop that keeps each layer's keys and values in one
   buffer and runs the decoder on frozen weights (decoding_vaswani.py).
-- `onednn_linear`: the linear layers' forward and input-gradient GEMMs on oneDNN instead of MKL, on the CPUs where
+- `onednn_linear`: the linear layers' GEMMs, forward and backward, on oneDNN instead of MKL, on the CPUs where
   oneDNN's are faster, except the smallest (onednn_vaswani.py). It enters at the `@fast.kernels` of the models'
   forwards (and the decoding loops multiply with it); every module's forward still runs.
 
