@@ -4,10 +4,12 @@ settings it makes from the task's recipe, and the words it shows at the end."""
 from __future__ import annotations
 
 import pytest
-from helpers import QUIET, run_train
+from helpers import QUIET, REPO, run_train
 
 from vaswani.training import cli
 from vaswani.training.data import default_g2p_file, read_g2p
+
+SHIPPED = REPO / "models" / "vaswani-g2p"
 
 
 def test_unknown_train_file_format_names_the_formats_taken(tmp_path, capsys):
@@ -41,6 +43,9 @@ def test_missing_train_file_is_a_clear_error(capsys):
         (["--ema_decay", "1"], "--ema_decay 1.0 must be in [0, 1)"),
         (["--max_tokens", "0"], "--max_tokens 0 must be >= 1"),
         (["--mixed_precision", "auto", "--lr", "-1"], "--lr -1.0 must be > 0"),
+        (["--teachers", "no/such/model"], "--teachers 'no/such/model' is not a saved model folder"),
+        (["--teachers", str(SHIPPED), "--distill_alpha", "0"], "--distill_alpha 0.0 must be in (0, 1]"),
+        (["--distill_top_k", "0"], "--distill_top_k 0 must be >= 1"),
     ],
 )
 def test_bad_arguments_are_clear_errors(args, message, capsys):

@@ -204,7 +204,9 @@ class Seq2SeqCollator:
 
     Returns `input_ids` (B, S) padded with `pad_token_id`, `attention_mask` (B, S; 1 = real
     token) and `labels` (B, T) padded with -100 (ignored by the loss). Labels are the target ids
-    with eos; the model derives decoder inputs by shifting them right.
+    with eos; the model derives decoder inputs by shifting them right. Examples that carry a
+    distillation run's teacher targets (`teacher_ids`, `teacher_probs`: one (k,) row per label)
+    give them as (B, T, k), padded rows at id 0 with probability 0.
     """
 
     def __init__(self, pad_token_id: int, label_pad_id: int = -100):
@@ -218,9 +220,14 @@ class Seq2SeqCollator:
         mask = [[1] * len(s) + [0] * (src_len - len(s)) for s in sources]
         input_ids = [s + [self.pad_token_id] * (src_len - len(s)) for s in sources]
         labels = [t + [self.label_pad_id] * (tgt_len - len(t)) for t in targets]
-        return {"input_ids": torch.tensor(input_ids, dtype=torch.long),
-                "attention_mask": torch.tensor(mask, dtype=torch.long),
-                "labels": torch.tensor(labels, dtype=torch.long)}
+        batch = {"input_ids": torch.tensor(input_ids, dtype=torch.long),
+                 "attention_mask": torch.tensor(mask, dtype=torch.long),
+                 "labels": torch.tensor(labels, dtype=torch.long)}
+        for name in ("teacher_ids", "teacher_probs"):
+            if name in features[0]:
+                rows = [f[name] for f in features]
+                batch[name] = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, tgt_len - len(r))) for r in rows])
+        return batch
 
 
 def _as_list(ids) -> list[int]:

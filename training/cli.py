@@ -171,6 +171,13 @@ def _add_training_arguments(t) -> None:
                         f"(AVX512-BF16 or AMX CPUs, CUDA GPUs), else no ({_by_task('mixed_precision')})")
     t.add_argument("--cpu", action="store_true", help="force CPU (multi-process CPU runs need it, set by default "
                                                       "when no GPU is present)")
+    t.add_argument("--teachers", nargs="+", default=[], metavar="MODEL_FOLDER",
+                   help="distill from these trained models: the loss mixes the labels with their mean distribution "
+                        "at each target position (they must share the student's tokenizer; docs/recipes.md)")
+    t.add_argument("--distill_alpha", type=float, default=_SETTING_DEFAULTS["distill_alpha"],
+                   help="the teachers' share of the loss with --teachers, in (0, 1]")
+    t.add_argument("--distill_top_k", type=int, default=_SETTING_DEFAULTS["distill_top_k"],
+                   help="the teachers' most likely tokens kept per target position")
 
 
 def _add_evaluation_arguments(e) -> None:
@@ -207,6 +214,10 @@ def _check_args(parser: argparse.ArgumentParser, args) -> None:
                 data_file_format(path)
             except ValueError as error:
                 parser.error(f"--{name}: {error}")
+    for teacher in args.teachers:
+        if not (Path(teacher) / "config.json").is_file():
+            parser.error(f"--teachers {teacher!r} is not a saved model folder (no config.json); pass the --output_dir "
+                         "of a finished vaswani-train run")
     if args.init_from is not None and not (Path(args.init_from) / "config.json").is_file():
         parser.error(f"--init_from {args.init_from!r} is not a saved model folder (no config.json); pass the "
                      "--output_dir of a finished vaswani-train run")
@@ -266,6 +277,7 @@ def make_settings(args) -> TrainingSettings:
     given.update(progress_bar=not args.no_progress_bar, tensorboard=not args.no_tensorboard,
                  confirm_best=not args.no_confirm_best)
     given["mixed_precision"] = resolve_mixed_precision(given["mixed_precision"], given["cpu"])
+    given["teachers"] = tuple(given.get("teachers") or ())
     return TrainingSettings(**given)
 
 
@@ -325,6 +337,10 @@ def export_run(args, settings: TrainingSettings, data, tokenizer, result, num_pr
                                                                       weight_decay=settings.weight_decay,
                                                                       kind=settings.optimizer))
     n_settings.update(num_processes=num_processes, optimizer=optimizer, schedule=describe_schedule(settings.schedule))
+    if settings.teachers:
+        n_settings["distillation"] = (f"token-level, from the mean distribution of {len(settings.teachers)} "
+                                      f"teacher(s) ({', '.join(Path(t).name for t in settings.teachers)}), top "
+                                      f"{settings.distill_top_k}, weight {settings.distill_alpha} against the labels'")
     summary = (f"{result.step} updates ({result.epoch} full epochs, stopped by {result.stopped_by}) in "
                f"{result.train_seconds / 60:.1f} minutes on {num_processes} process(es) "
                f"({device}), about {result.target_tokens_per_second:.0f} target tokens/s; "
@@ -384,6 +400,13 @@ def run_training(args) -> dict:
         raise SystemExit(f"vaswani-train: error: {error}") from None
     accelerator.print(data.description)
     tokenizer = _run_tokenizer(args, data, accelerator)
+    if settings.teachers:
+        from .distillation import check_tokenizers
+
+        try:
+            check_tokenizers(settings.teachers, tokenizer)
+        except ValueError as error:
+            raise SystemExit(f"vaswani-train: error: {error}") from None
     config = _run_config(args, tokenizer, accelerator)
 
     result = train(config, tokenizer, data, settings, accelerator, deadline=deadline)

@@ -9,6 +9,7 @@ on CPU pass `cpu=True` or set ACCELERATE_USE_CPU=1, else each process trains alo
 
     with accelerator.accumulate(model):       # grad_accum micro-batches per step
         loss = model(**batch).loss            # token-mean CE with config.label_smoothing
+        (with teachers: (1 - alpha) * loss + alpha * the cross-entropy against their targets, `distillation`)
         accelerator.backward(loss)
         clip_grad_norm_ (when gradients sync), optimizer.step(), zero_grad()
     scheduler.step() once per real update     # Accelerator(step_scheduler_with_optimizer=False)
@@ -68,6 +69,7 @@ import torch
 
 from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
 from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint, write_best
+from .distillation import TEACHER_FIELDS, attach_teacher_targets, distillation_loss, load_teachers
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation, generate_texts, load_best, score
 from .model_card import describe_optimizer
@@ -126,6 +128,9 @@ class TrainingSettings:
     confirm_best: bool = True  # the subset's best step against the last weights on the full dev set (greedy) at the end
     max_source_length: int = 256  # longer training examples are dropped (with a warning)
     init_from: str | None = None  # a saved model folder whose weights start the run (`warm_start`); None: at random
+    teachers: tuple[str, ...] = ()  # saved model folders to distill from (`distillation`); empty: no distillation
+    distill_alpha: float = 0.5  # the weight of the teachers' targets in the loss, (1 - alpha) the labels'
+    distill_top_k: int = 8  # the teachers' most likely tokens kept per target position
     progress_bar: bool = True
     tensorboard: bool = True
 
@@ -168,6 +173,10 @@ class TrainingSettings:
                              f"many ({shown('keep_last')}) and save during the run ({shown('save_every')})")
         if self.mixed_precision not in MIXED_PRECISIONS:
             raise ValueError(f"{shown('mixed_precision')}: choose one of {', '.join(MIXED_PRECISIONS)}")
+        if self.teachers and not 0 < self.distill_alpha <= 1:
+            raise ValueError(f"{shown('distill_alpha')} must be in (0, 1] (the teachers' share of the loss)")
+        if self.distill_top_k < 1:
+            raise ValueError(f"{shown('distill_top_k')} must be >= 1")
 
 
 @dataclass
@@ -298,6 +307,8 @@ class TrainingRun:
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         # every rank encodes the same training examples (cheap and deterministic); dev on the main process
         examples = training_examples(tokenizer, data, settings.max_source_length)
+        if settings.teachers:
+            self._attach_teacher_targets(examples)
         self.max_length = generation_max_length([len(e["labels"]) for e in examples])
         self._build_model(config)
         self._build_loader(examples)
@@ -346,6 +357,13 @@ class TrainingRun:
         scheduler = make_scheduler(optimizer, warmup_steps=settings.warmup_steps, schedule=settings.schedule,
                                    progress=self.progress)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+
+    def _attach_teacher_targets(self, examples: list[dict]) -> None:
+        """`--teachers`: every example gets its teachers' top-k targets (`distillation`), in the run's precision."""
+        settings, accelerator = self.settings, self.accelerator
+        teachers = load_teachers(settings.teachers, self.tokenizer, accelerator.device, settings.attn_implementation)
+        attach_teacher_targets(teachers, examples, self.tokenizer.pad_token_id, settings.distill_top_k,
+                               autocast=accelerator.autocast, log=accelerator.print)
 
     def _build_loader(self, examples: list[dict]) -> None:
         settings, accelerator = self.settings, self.accelerator
@@ -410,7 +428,12 @@ class TrainingRun:
         """Forward and backward of one micro-batch; the optimizer steps when the gradients sync."""
         accelerator, model = self.accelerator, self.model
         with accelerator.accumulate(model):
-            loss = model(**batch).loss
+            teacher = {name: batch.pop(name) for name in TEACHER_FIELDS if name in batch}
+            output = model(**batch)
+            loss = output.loss
+            if teacher:
+                alpha = self.settings.distill_alpha
+                loss = (1 - alpha) * loss + alpha * distillation_loss(output.logits, batch["labels"], **teacher)
             accelerator.backward(loss)
             if accelerator.sync_gradients and self.settings.clip_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), self.settings.clip_norm)
