@@ -112,6 +112,10 @@ def test_a_distilled_student_moves_toward_its_teacher_and_a_plain_one_does_not(t
     assert "distillation" not in runs["plain"].stdout
     saved = json.loads((tmp_path / "distilled" / "training_args.json").read_text())
     assert saved["teachers"] == [str(teacher_folder)] and saved["distill_alpha"] == 1.0
+    card = (tmp_path / "distilled" / "README.md").read_text()
+    assert (f"| distillation | token-level, from the mean distribution of 1 teacher(s) ({teacher_folder.name}), "
+            "top 8, weight 1.0 against the labels' |") in card
+    assert "| distillation |" not in (tmp_path / "plain" / "README.md").read_text()
 
     teacher, tokenizer = load_checkpoint(teacher_folder, device="cpu")
     data = load_task_data("g2p", str(train_workspace / "g2p.tsv"), dev_percent=10)

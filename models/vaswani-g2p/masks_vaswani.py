@@ -11,6 +11,8 @@ key its pattern allows, as if none of them were padding. Its output is never use
 backend and dtype (a row of -inf is NaN after the softmax, and SDPA gives NaN for a row with nothing to attend to).
 For full attention such a row is a sequence that is all padding: its padding mask is read as all real. A pattern
 applies the same function to its stretches; the decoding loop to its source mask.
+
+Dropout's masks are drawn here too (`dropout`, every dropout of the model).
 """
 
 from __future__ import annotations
@@ -36,16 +38,57 @@ def attend_somewhere(real: torch.Tensor, allowed: torch.Tensor | None = None) ->
     return rescued if real.dtype == torch.bool else rescued.to(real.dtype)
 
 
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dropout: float, training: bool) -> torch.Tensor:
+DROPOUT_LEVELS = 1 << 16  # a CPU dropout mask compares 16-bit random numbers with round(p * DROPOUT_LEVELS)
+
+
+class _Dropout(torch.autograd.Function):
+    """x times the boolean `keep` times `scale`; the backward is the same on the gradient. Saves the one-byte mask
+    only, as `F.dropout` does; multiplies by its uint8 view (torch's elementwise kernels are many times slower with a
+    bool operand)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep.view(torch.uint8)).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep.view(torch.uint8)).mul_(ctx.scale), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Every dropout of the model: in training, each element zeroed with probability p and the rest scaled by
+    1 / (1 - p); otherwise x itself. On the CPU the mask is four 16-bit numbers from each 64-bit random word of
+    torch's generator (`torch.randint`), kept where a number is at or above round(p * 65536) of the 65,536 levels, so
+    p is rounded to a multiple of 1 / 65536 and the scale is exactly the inverse of the kept share: one random draw
+    for four elements, where `F.dropout` on the CPU draws one per element, many times slower. Elsewhere (CUDA draws
+    its masks fast), under `torch.compile` (which fuses its own), and for a p that rounds to no level or to all of
+    them, it is `F.dropout`. Seeds, resumed generator states and activation checkpointing replay the masks."""
+    if not training or p == 0:
+        return x
+    cut = round(p * DROPOUT_LEVELS)
+    if x.device.type != "cpu" or not 0 < cut < DROPOUT_LEVELS or torch.compiler.is_compiling():
+        return F.dropout(x, p=p, training=True)
+    n = x.numel()
+    words = torch.randint(torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max, ((n + 3) // 4,),
+                          dtype=torch.int64)
+    keep = words.view(torch.int16)[:n].view(x.shape) >= cut - DROPOUT_LEVELS // 2  # int16 runs from -32,768
+    return _Dropout.apply(x, keep, DROPOUT_LEVELS / (DROPOUT_LEVELS - cut))
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, p: float, training: bool) -> torch.Tensor:
     """Attention weights from scores (..., Tq, Tk): the mask additive (float) or boolean (True = attend), applied with
     the dtype's finite minimum (not -inf, so a row that attends to nothing stays finite); half-precision scores are
-    softmaxed in float32; then dropout. Eager attention and the patterns' eager path both use it."""
+    softmaxed in float32; then `dropout` with probability p. Eager attention and the patterns' eager path both use
+    it."""
     dtype = scores.dtype  # the queries' (an additive mask of another dtype may promote the sum)
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     elif mask is not None:
         scores = scores + mask
-    return F.dropout(attention_softmax(scores, dtype), p=dropout, training=training)
+    return dropout(attention_softmax(scores, dtype), p, training)
 
 
 def attention_softmax(scores: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

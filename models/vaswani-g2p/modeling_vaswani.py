@@ -33,7 +33,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention_patterns_vaswani import pattern_attention
 from .caches_vaswani import self_attention_cache
 from .configuration_vaswani import VaswaniConfig
-from .masks_vaswani import cross_attention_mask, masked_softmax, self_attention_mask
+from .masks_vaswani import cross_attention_mask, dropout, masked_softmax, self_attention_mask
 from .positions_vaswani import SinusoidalPositions, word_position_ids
 
 logger = logging.get_logger(__name__)
@@ -191,7 +191,7 @@ class VaswaniFeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = dropout(hidden_states, self.activation_dropout, self.training)
         return self.fc2(hidden_states)
 
 
@@ -209,7 +209,7 @@ class _Sublayers:
         return norm(add(hidden_states, sublayer(hidden_states)))
 
     def _add(self, residual: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        return residual + F.dropout(branch, p=self.dropout, training=self.training)
+        return residual + dropout(branch, self.dropout, self.training)
 
 
 class VaswaniEncoderLayer(_Sublayers, GradientCheckpointingLayer):
@@ -377,7 +377,7 @@ class _Stack:
             positions = self.embed_positions(position_ids, dtype)  # from the formula: word positions run far
         else:
             positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], dtype, device)
-        return F.dropout(inputs_embeds + positions, p=self.config.dropout, training=self.training)
+        return dropout(inputs_embeds + positions, self.config.dropout, self.training)
 
     def _word_positions(self, input_ids: torch.LongTensor | None, past_length: int) -> torch.LongTensor:
         if input_ids is None:
