@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def load(paths: list[str]):
     """The models of `paths` (float32, eval) and the first one's tokenizer."""
-    from vaswani.training.distillation import load_teachers
-    from vaswani.training.generation import load_checkpoint
+    from transformers import AutoTokenizer
 
-    tokenizer = load_checkpoint(paths[0], device="cpu")[1]
+    from vaswani.training.distillation import load_teachers
+
+    tokenizer = AutoTokenizer.from_pretrained(paths[0])
     return load_teachers(paths, tokenizer), tokenizer
 
 

@@ -58,6 +58,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+# Per-label fields a distillation run's examples carry (`vaswani.training.distillation`), padded by the collator.
+TEACHER_FIELDS = ("teacher_ids", "teacher_probs")
+
 
 class TokenBudgetBatchSampler:
     """Batches of indices within a padded token budget; see the module docstring.
@@ -223,7 +226,7 @@ class Seq2SeqCollator:
         batch = {"input_ids": torch.tensor(input_ids, dtype=torch.long),
                  "attention_mask": torch.tensor(mask, dtype=torch.long),
                  "labels": torch.tensor(labels, dtype=torch.long)}
-        for name in ("teacher_ids", "teacher_probs"):
+        for name in TEACHER_FIELDS:
             if name in features[0]:
                 rows = [f[name] for f in features]
                 batch[name] = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, tgt_len - len(r))) for r in rows])

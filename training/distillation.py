@@ -11,8 +11,8 @@ How it runs:
 - before training, `attach_teacher_targets` runs every teacher once over the training examples (eval mode, no
   gradient, batches sorted by length) and keeps, per target position, the `top_k` most likely tokens of the
   teachers' mean distribution with their probabilities, renormalized over those k. They travel with the examples
-  (`TEACHER_FIELDS`), so batching, sharding and an exact resume are unchanged: a resumed run computes the same
-  targets again from the same teachers.
+  (`batching.TEACHER_FIELDS`), so batching, sharding and an exact resume are unchanged: a resumed run computes the
+  same targets again from the same teachers.
 - the student's loss per update is `(1 - alpha) * CE + alpha * KD`: CE is the model's own token-mean cross-entropy
   against the labels (with its label smoothing), KD the token-mean cross-entropy against the teachers' top-k
   distribution (`distillation_loss`), over the same positions.
@@ -32,8 +32,6 @@ from pathlib import Path
 import torch
 
 from .batching import Seq2SeqCollator
-
-TEACHER_FIELDS = ("teacher_ids", "teacher_probs")
 
 
 def check_tokenizers(paths: Sequence[str], tokenizer) -> None:

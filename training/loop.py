@@ -67,9 +67,9 @@ from pathlib import Path
 
 import torch
 
-from .batching import Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
+from .batching import TEACHER_FIELDS, Seq2SeqCollator, TokenBudgetBatchSampler, prepare_sharded_loader
 from .checkpoints import CHECKPOINT_DIR, latest_valid_checkpoint, refuse_older_run, save_checkpoint, write_best
-from .distillation import TEACHER_FIELDS, attach_teacher_targets, distillation_loss, load_teachers
+from .distillation import attach_teacher_targets, distillation_loss, load_teachers
 from .ema import WeightEMA
 from .evaluation import describe_final, evaluate, final_evaluation, generate_texts, load_best, score
 from .model_card import describe_optimizer
