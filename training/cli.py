@@ -129,8 +129,8 @@ def _add_model_arguments(m) -> None:
     m.add_argument("--label_smoothing", type=float, default=0.1, help="set on the config for training")
     m.add_argument("--word_positions", action="store_true",
                    help=f"g2p-paragraph: word-aligned positions in both stacks (the config's word_boundary_token_id "
-                        f"set to the tokenizer's id of {WORD_BOUNDARY!r}; word_position_stride, default 64, through "
-                        "--config_overrides)")
+                        f"set to the tokenizer's id of {WORD_BOUNDARY!r}; word_position_stride, default 64, "
+                        "word_position_period and cross_attention_words through --config_overrides)")
     m.add_argument("--attn_implementation", choices=("eager", "sdpa", "flash_attention_2", "flex_attention"),
                    help="attention backend for training and evaluation (default: eager for g2p, the model's own "
                         "default, sdpa, otherwise)")
