@@ -8,7 +8,9 @@ output for cross-attention once, builds the source mask once, freezes the decode
 self-attention's three projections as one), and runs each layer on one new position at a time, in the order of the
 model's forward. It calls the same `logits_processor` and `stopping_criteria` objects as
 transformers' loop, in the same order, so length limits, forced tokens, penalties, EOS handling and sampling (the same
-`torch.multinomial` draw) behave exactly as there.
+`torch.multinomial` draw) behave exactly as there. Unlike transformers' loop, and like CTranslate2, it stops running
+the rows (greedy search) and sentences (beam search) that have finished, where the processors and stopping criteria
+allow it (`DROP_FINISHED`).
 
 The loop borrows the model's definitions instead of copying them: each layer's order of sub-layers, residuals and
 norms (`VaswaniDecoderLayer.sublayers`), the embedding step (`VaswaniDecoder.embed`), the final norm
@@ -34,11 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+from transformers.generation import logits_process
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
 )
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
 from .masks_vaswani import additive_key_mask, attention_softmax
 
@@ -70,6 +74,8 @@ SERVED_CONFIG = {
     "word_boundary_token_id": (None,),  # the loop places tokens at the cache length
     "word_position_stride": ANY,
     "word_position_shift": ANY,  # training only
+    "word_position_period": (None,),  # these two need word_boundary_token_id, which the loop does not serve
+    "cross_attention_words": (None,),
 }
 SERVED_ATTENTION = ("eager", "sdpa")
 # The module types the loop runs: the model's own (by name, in its own files, so that a remote-code copy counts) and
@@ -211,6 +217,15 @@ class _LeanLayer:
         filled = self.cache[:, :, :, :length]
         filled.index_copy_(0, rows, filled.index_select(0, sources))
 
+    def keep(self, rows: torch.Tensor, sources: torch.Tensor, length: int) -> None:
+        """Run only these rows from now on: their caches' positions 0..length-1, and the cross-attention keys and
+        values of their `sources`, in this order."""
+        cache = self.cache.new_empty(rows.shape[0], *self.cache.shape[1:])
+        cache[:, :, :, :length] = self.cache[rows, :, :, :length]
+        self.cache = cache
+        self.cross_keys, self.cross_values = (_keep_heads(x, sources, self.heads)
+                                              for x in (self.cross_keys, self.cross_values))
+
     def step(self, hidden: torch.Tensor, position: int, cross_mask: torch.Tensor | None) -> torch.Tensor:
         """The layer on the newest position of every row, hidden (rows, d_model): the layer's own `sublayers` (its
         order of sub-layers, residuals and norms) over this loop's branches, each residual added in place on the
@@ -246,6 +261,11 @@ class _LeanLayer:
         query = self.cross_query(x).view(-1, group, heads, size).transpose(1, 2).reshape(-1, group, size)
         out = single_query_attention(query, self.cross_keys, self.cross_values, cross_mask, self.scaling)
         return out.view(-1, heads, group, size).transpose(1, 2).reshape(rows, -1)
+
+
+def _keep_heads(x: torch.Tensor, rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """The entries of `rows` of x (rows * heads, ...), whose entries run head by head within a row."""
+    return x.view(-1, heads, *x.shape[1:]).index_select(0, rows).flatten(0, 1)
 
 
 def _add_in_place(residual: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
@@ -307,6 +327,33 @@ class _LeanDecoder:
         self.layers = [_LeanLayer(layer, sources, rows, capacity, linear) for layer in self.decoder.layers]
         self.lm_head = _frozen(model.get_output_embeddings(), linear=linear)
         self.cross_mask = additive_key_mask(source_mask, model.config.decoder_attention_heads, sources.dtype)
+        self.batch_rows = rows
+        self.rows = None  # the batch rows it runs, in order, once it no longer runs them all (`keep_rows`)
+        self.position = None  # batch row -> its index among `rows` (-1: not run)
+
+    def local(self, rows: torch.Tensor) -> torch.Tensor:
+        """The indices among the rows it runs of these batch rows (which it runs)."""
+        return rows if self.rows is None else self.position[rows]
+
+    def keep_rows(self, rows: torch.Tensor, length: int) -> torch.Tensor:
+        """Run only these batch rows (in order, among those it runs) from now on; returns their indices among the
+        rows it ran until now."""
+        local = self.local(rows)
+        self.keep(local, length)
+        self.rows = rows
+        self.position = torch.full((self.batch_rows,), -1, dtype=rows.dtype, device=rows.device)
+        self.position[rows] = torch.arange(rows.shape[0], device=rows.device)
+        return local
+
+    def keep(self, rows: torch.Tensor, length: int) -> None:
+        """Run only these rows (of those it runs now, in this order) from now on; `length` positions are filled.
+        Beam search keeps a source's rows together: all its beams, in order."""
+        group = self.layers[0].group
+        sources = rows if group == 1 else rows[::group] // group
+        for layer in self.layers:
+            layer.keep(rows, sources, length)
+        if self.cross_mask is not None:
+            self.cross_mask = _keep_heads(self.cross_mask, sources, self.model.config.decoder_attention_heads)
 
     def next_token_logits(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """The decoder and the LM head (with the logits bias) on the newest tokens (B, 1) at `position`: (B, vocab),
@@ -389,34 +436,72 @@ class _MinLengthInPlace:
         return scores
 
 
+# transformers' logits processors whose scores for a row depend on that row's tokens alone (not on its index in the
+# batch, nor on other rows): the loops may stop running finished rows under them (see `DROP_FINISHED`).
+_ROW_WISE = (_MinLengthInPlace, *(getattr(logits_process, name) for name in (
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "SuppressTokensLogitsProcessor",
+    "SuppressTokensAtBeginLogitsProcessor", "ExponentialDecayLengthPenalty", "InfNanRemoveLogitsProcessor")))
+
+
+# transformers' stopping criteria that stop a row for its length or the time alone, or at its own EOS: with these, a
+# beam search step whose continuations all stop is one where every row reached the length or the time (no sentence
+# has only EOS continuations), so the beams of finished sentences cannot change when the loop ends.
+_ROW_BLIND_STOPPING = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
+
+
+def _row_wise(processors) -> bool:
+    """Whether `processors` (what `_processors` made) is a loop over processors of `_ROW_WISE` types only."""
+    return all(type(processor) in _ROW_WISE for processor in getattr(processors, "processors", [None]))
+
+
 def lean_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, linear=F.linear,
                 **model_kwargs):
     """Greedy search or sampling from the decoder start token, as `GenerationMixin._sample` returns it when
     `return_dict_in_generate` is off: the sequences (B, T), start token included. `linear` multiplies the frozen
-    weights (F.linear, or the oneDNN fast path's)."""
+    weights (F.linear, or the oneDNN fast path's).
+
+    Greedy search stops running finished rows (their tokens are padding from then on), as CTranslate2 does: once
+    `DROP_FINISHED` of the rows the decoder runs have finished, it keeps only the others, and the logits
+    processors see those rows alone. That needs row-wise processors (`_ROW_WISE`) and an EOS; otherwise, and for
+    sampling (whose draws depend on the batch), every row runs to the end, as in transformers' loop."""
     logits_processor = _processors(logits_processor)
     decoder = _start(model, generation_config, model_kwargs, linear=linear)
     pad_token_id = generation_config._pad_token_tensor
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
-    unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    drops = not generation_config.do_sample and has_eos_stopping_criteria and _row_wise(logits_processor)
+    batch = input_ids.shape[0]
+    unfinished_sequences = torch.ones(batch, dtype=torch.bool, device=input_ids.device)
     tokens = input_ids[:, -1:]
     while True:
         logits = decoder.next_token_logits(tokens, input_ids.shape[1] - 1)  # a fresh tensor: no copy needed first
-        next_token_scores = logits_processor(input_ids, logits.float())
+        next_token_scores = logits_processor(input_ids if decoder.rows is None else input_ids[decoder.rows],
+                                             logits.float())
         if generation_config.do_sample:
             probs = F.softmax(next_token_scores, dim=-1)
             next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
         else:
             next_tokens = torch.argmax(next_token_scores, dim=-1)
+        tokens = next_tokens[:, None]  # what the decoder's rows read next (a finished row's is never used)
+        if decoder.rows is not None:
+            next_tokens = pad_token_id.expand(batch).index_put((decoder.rows,), next_tokens)
         if has_eos_stopping_criteria:  # finished rows get padding
             next_tokens = torch.where(unfinished_sequences, next_tokens, pad_token_id)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
-        if not unfinished_sequences.any():
+        running = int(unfinished_sequences.sum())
+        if not running:
             return input_ids
-        tokens = next_tokens[:, None]
+        if drops and tokens.shape[0] - running >= DROP_FINISHED * tokens.shape[0]:
+            tokens = tokens[decoder.keep_rows(unfinished_sequences.nonzero().squeeze(1), input_ids.shape[1] - 1)]
+
+
+# Both loops stop running what has finished, as CTranslate2 does, once this share of what the decoder runs has: greedy
+# search its finished rows, beam search the beams of its finished sentences. Measured in docs/performance.md.
+DROP_FINISHED = 0.125
 
 
 def _initial_beams(model, input_ids, pad_token_id, eos_token_id, batch_size: int, num_beams: int, max_length: int):
@@ -446,6 +531,13 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
     Its steps and their order are transformers' own (log-softmax, the logits processors, the top-K continuations,
     the stopping criteria, the running and finished beams, the early-stop heuristic), called through the same
     helper methods; only the decoder step and the cache's reordering (the rows whose beam changed) are ours.
+
+    A sentence is finished when nothing it returns can change any more: its finished hypotheses are full and no
+    running beam can beat them (transformers' early-stop heuristic), or, with `early_stopping=True`, they are full.
+    Once `DROP_FINISHED` of the sentences the decoder runs are finished, it runs the others only, and the finished
+    ones' beams get placeholder scores in the bookkeeping (which still covers the whole batch). That needs row-wise
+    processors (`_ROW_WISE`) and transformers' own length, time and EOS criteria (`_ROW_BLIND_STOPPING`); otherwise,
+    and for beam sampling, every sentence runs to the end, as in transformers' loop.
     """
     logits_processor = _processors(logits_processor)
     pad_token_id = generation_config._pad_token_tensor
@@ -468,11 +560,17 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
         model, input_ids, pad_token_id, eos_token_id, batch_size, num_beams, max_length)
 
     decoder = _start(model, generation_config, model_kwargs, group=num_beams, linear=linear)
+    drops = not do_sample and _row_wise(logits_processor) and all(
+        type(criteria) in _ROW_BLIND_STOPPING for criteria in stopping_criteria)
     identity = torch.arange(batch_size * num_beams, device=device)
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
-        logits = decoder.next_token_logits(flat_running_sequences[:, -1:], cur_len - 1)
+        rows = decoder.rows  # the flat rows (sentence x beam) the decoder runs, once it no longer runs them all
+        tokens = flat_running_sequences[:, -1:] if rows is None else flat_running_sequences[rows, -1:]
+        logits = decoder.next_token_logits(tokens, cur_len - 1)
         log_probs = F.log_softmax(logits.float(), dim=-1)  # a new tensor: no copy needed first
+        if rows is not None:  # the beams of a finished sentence get any scores: nothing it returns can change now
+            log_probs = log_probs.new_zeros(decoder.batch_rows, log_probs.shape[1]).index_copy_(0, rows, log_probs)
         log_probs = logits_processor(flat_running_sequences, log_probs)
         log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
         log_probs = torch.reshape(log_probs, (batch_size, -1))
@@ -507,6 +605,17 @@ def lean_beam_search(model, input_ids, logits_processor, stopping_criteria, gene
                                                            next_token_hits_stopping_criteria, early_stopping):
             break
         beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - 1 - decoder_prompt_len])
+        if drops:
+            open_sentences = is_early_stop_heuristic_unsatisfied[:, 0]
+            if early_stopping is True:
+                open_sentences = open_sentences & ~is_sent_finished.all(1)
+            running, present = int(open_sentences.sum()), identity.shape[0] // num_beams
+            if present - running >= DROP_FINISHED * present:
+                decoder.keep_rows((open_sentences.nonzero() * num_beams + torch.arange(num_beams, device=device))
+                                  .flatten(), cur_len - 1)
+                identity = torch.arange(decoder.rows.shape[0], device=device)
+        if decoder.rows is not None:  # beams never move across sentences: a running sentence's sources are running
+            beam_idx = decoder.local(beam_idx[decoder.rows])
         moved = (beam_idx != identity).nonzero().squeeze(1)  # the rows whose history changes
         if moved.numel():
             sources = beam_idx.index_select(0, moved).long()

@@ -11,6 +11,8 @@ key its pattern allows, as if none of them were padding. Its output is never use
 backend and dtype (a row of -inf is NaN after the softmax, and SDPA gives NaN for a row with nothing to attend to).
 For full attention such a row is a sequence that is all padding: its padding mask is read as all real. A pattern
 applies the same function to its stretches; the decoding loop to its source mask.
+
+Dropout's masks are drawn here too (`dropout`, every dropout of the model).
 """
 
 from __future__ import annotations
@@ -36,16 +38,57 @@ def attend_somewhere(real: torch.Tensor, allowed: torch.Tensor | None = None) ->
     return rescued if real.dtype == torch.bool else rescued.to(real.dtype)
 
 
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dropout: float, training: bool) -> torch.Tensor:
+DROPOUT_LEVELS = 1 << 16  # a CPU dropout mask compares 16-bit random numbers with round(p * DROPOUT_LEVELS)
+
+
+class _Dropout(torch.autograd.Function):
+    """x times the boolean `keep` times `scale`; the backward is the same on the gradient. Saves the one-byte mask
+    only, as `F.dropout` does; multiplies by its uint8 view (torch's elementwise kernels are many times slower with a
+    bool operand)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep.view(torch.uint8)).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep.view(torch.uint8)).mul_(ctx.scale), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Every dropout of the model: in training, each element zeroed with probability p and the rest scaled by
+    1 / (1 - p); otherwise x itself. On the CPU the mask is four 16-bit numbers from each 64-bit random word of
+    torch's generator (`torch.randint`), kept where a number is at or above round(p * 65536) of the 65,536 levels, so
+    p is rounded to a multiple of 1 / 65536 and the scale is exactly the inverse of the kept share: one random draw
+    for four elements, where `F.dropout` on the CPU draws one per element, many times slower. Elsewhere (CUDA draws
+    its masks fast), under `torch.compile` (which fuses its own), and for a p that rounds to no level or to all of
+    them, it is `F.dropout`. Seeds, resumed generator states and activation checkpointing replay the masks."""
+    if not training or p == 0:
+        return x
+    cut = round(p * DROPOUT_LEVELS)
+    if x.device.type != "cpu" or not 0 < cut < DROPOUT_LEVELS or torch.compiler.is_compiling():
+        return F.dropout(x, p=p, training=True)
+    n = x.numel()
+    words = torch.randint(torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max, ((n + 3) // 4,),
+                          dtype=torch.int64)
+    keep = words.view(torch.int16)[:n].view(x.shape) >= cut - DROPOUT_LEVELS // 2  # int16 runs from -32,768
+    return _Dropout.apply(x, keep, DROPOUT_LEVELS / (DROPOUT_LEVELS - cut))
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, p: float, training: bool) -> torch.Tensor:
     """Attention weights from scores (..., Tq, Tk): the mask additive (float) or boolean (True = attend), applied with
     the dtype's finite minimum (not -inf, so a row that attends to nothing stays finite); half-precision scores are
-    softmaxed in float32; then dropout. Eager attention and the patterns' eager path both use it."""
+    softmaxed in float32; then `dropout` with probability p. Eager attention and the patterns' eager path both use
+    it."""
     dtype = scores.dtype  # the queries' (an additive mask of another dtype may promote the sum)
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     elif mask is not None:
         scores = scores + mask
-    return F.dropout(attention_softmax(scores, dtype), p=dropout, training=training)
+    return dropout(attention_softmax(scores, dtype), p, training)
 
 
 def attention_softmax(scores: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -121,11 +164,48 @@ def self_attention_mask(config, pattern: str, inputs_embeds: torch.Tensor, atten
 
 
 def cross_attention_mask(config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                         encoder_hidden_states: torch.Tensor):
-    """What the decoder passes its cross-attention layers: the source padding (B, S) in the backend's form."""
+                         encoder_hidden_states: torch.Tensor, word_ids: torch.Tensor | None = None,
+                         encoder_word_ids: torch.Tensor | None = None):
+    """What the decoder passes its cross-attention layers: the source padding (B, S) in the backend's form; with
+    `cross_attention_words`, the window of words (`word_window_mask`) from the target's and the source's word
+    indices (B, T) and (B, S)."""
+    if config.cross_attention_words is not None:
+        if config._attn_implementation not in ("eager", "sdpa"):
+            raise ValueError(f"cross_attention_words runs under eager or sdpa attention, not "
+                             f"{config._attn_implementation!r}: load the model with attn_implementation='sdpa'")
+        if word_ids is None or encoder_word_ids is None:
+            raise ValueError("cross_attention_words needs the word indices of both sides: pass input_ids (the "
+                             "encoder computes its own) and the decoder's input_ids or position_ids")
+        return word_window_mask(word_ids, encoder_word_ids, attention_mask, config.cross_attention_words)
     return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds,
                                      attention_mask=_padding_rule(attention_mask),
                                      encoder_hidden_states=encoder_hidden_states)
+
+
+def word_window_mask(word_ids: torch.Tensor, encoder_word_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     window: int) -> torch.Tensor:
+    """Cross-attention within a window of words: the target token of word i (word_ids (B, T)) sees the source
+    tokens of words i - window .. i + window (encoder_word_ids (B, S)), with i clamped to the source's real words (a
+    target word past the end reads the last ones), so that every query has real keys (a source of padding alone is
+    read as real, the rule). Returns a boolean (B, 1, T, S) mask, True = attend."""
+    if attention_mask is None:
+        real = torch.ones_like(encoder_word_ids, dtype=torch.bool)
+    else:
+        real = attend_somewhere(attention_mask.bool())  # an all-padding source is read as all real
+    bounds = torch.iinfo(encoder_word_ids.dtype)
+    first = encoder_word_ids.masked_fill(~real, bounds.max).amin(-1, keepdim=True)
+    last = encoder_word_ids.masked_fill(~real, bounds.min).amax(-1, keepdim=True)
+    query = torch.maximum(torch.minimum(word_ids, last), first)  # (B, T): every query reads a real word
+    allowed = (encoder_word_ids[:, None, :] - query[:, :, None]).abs() <= window
+    return (allowed & real[:, None, :])[:, None]
+
+
+def read_span(mask: torch.Tensor) -> slice:
+    """The stretch of keys that a boolean mask (..., Tq, S) lets any query read, from the first such key to the last:
+    attention over that stretch alone (the mask cut to it) gives the same output. A decoding step under a window of
+    words reads a few words of a source of any length."""
+    read = mask.flatten(0, -2).any(0).nonzero()
+    return slice(int(read[0]), int(read[-1]) + 1) if read.numel() else slice(0, mask.shape[-1])
 
 
 def additive_key_mask(attention_mask: torch.Tensor | None, heads: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -148,5 +228,7 @@ __all__ = [
     "key_padding",
     "mask_function",
     "masked_softmax",
+    "read_span",
     "self_attention_mask",
+    "word_window_mask",
 ]

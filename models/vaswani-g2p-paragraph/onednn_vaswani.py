@@ -5,7 +5,7 @@ AVX-512 and oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the ke
 same GEMMs much faster (docs/performance.md has the table), except the smallest: below `SMALLEST_GEMM` multiply-adds
 (a decoding step's GEMMs at small batches) oneDNN's fixed cost per call outweighs its speed, so those stay on
 F.linear. The path changes which library multiplies, nothing else: every module's forward still runs, and each
-`F.linear` called inside the model's forward becomes `onednn_linear`, whose backward also runs on oneDNN. The result
+`F.linear` called inside the model's forward becomes `onednn_linear`, whose gradients also run on oneDNN. The result
 is the same product, rounded in another order.
 
 `OneDNNLinearMode` is the torch function mode that makes the substitution; fast_paths_vaswani.py decides where it is
@@ -27,9 +27,17 @@ def _inner_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def _weight_gradients(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool):
+    """(g^T x, the column sums of g when `bias`, else an undefined value) from oneDNN's inner-product backward-weights
+    primitive, which reads g and x row by row as they are stored: a plain copy of each into oneDNN's tensors, and no
+    transposed operand (the inner product would copy g^T and x^T first, as transposes)."""
+    return torch.ops.aten.mkldnn_linear_backward_weights(grad.to_mkldnn(), x.to_mkldnn(), weight, bias)
+
+
 class _OneDNNLinear(torch.autograd.Function):
-    """F.linear over 2D input on oneDNN, forward and backward (input gradient g W, weight gradient g^T x, bias
-    gradient the column sums of g). Saves what F.linear saves: the input and the weight."""
+    """F.linear over 2D input on oneDNN: the forward and the input gradient g W by its inner product, the weight
+    gradient g^T x and the bias gradient (the column sums of g) in one call of its backward-weights primitive
+    (docs/performance.md has the measurements). Saves what F.linear saves: the input and the weight."""
 
     @staticmethod
     def forward(x, weight, bias):
@@ -45,10 +53,14 @@ class _OneDNNLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         wants_x, wants_weight, wants_bias = ctx.needs_input_grad
+        wants_bias = wants_bias and ctx.has_bias
         grad_x = _inner_product(grad, weight.t()) if wants_x else None
-        grad_weight = _inner_product(grad.t(), x.t()) if wants_weight else None
-        grad_bias = grad.sum(0) if ctx.has_bias and wants_bias else None
-        return grad_x, grad_weight, grad_bias
+        grad_weight = grad_bias = None
+        if wants_weight:
+            grad_weight, grad_bias = _weight_gradients(grad, x, weight, wants_bias)
+        elif wants_bias:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_weight, grad_bias if wants_bias else None
 
 
 # GEMMs of fewer multiply-adds (rows x in x out) stay on F.linear (measured by shape in docs/performance.md).
