@@ -110,10 +110,9 @@ def test_one_token_at_a_time_gives_the_logits_of_one_forward(tiny_config):
         model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, :1], cache=cache, use_cache=True)
 
 
-@pytest.mark.parametrize("how", [dict(do_sample=True, temperature=2.0), dict(num_beams=3)])
-def test_generation_with_a_cache_equals_generation_without(tiny_config, how):
-    tiny_config.final_logits_bias = True
-    model = word_model(tiny_config)
+def check_generation_with_and_without_cache(model, how: dict) -> None:
+    """`model` (a word model with a final logits bias) generates the same lines with and without a cache, every line
+    crossing words, so that the positions were continued from the whole prefix."""
     with torch.no_grad():
         model.final_logits_bias[0, BOUNDARY] = 4.5  # so that generated lines hold many words
     batch = padded_batch(2)
@@ -125,7 +124,13 @@ def test_generation_with_a_cache_equals_generation_without(tiny_config, how):
         outputs.append(model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                       max_new_tokens=20, use_cache=use_cache, **how))
     assert torch.equal(outputs[0], outputs[1])
-    assert (outputs[0] == BOUNDARY).sum(-1).min() >= 2  # every row crossed words, so positions were continued
+    assert (outputs[0] == BOUNDARY).sum(-1).min() >= 2
+
+
+@pytest.mark.parametrize("how", [dict(do_sample=True, temperature=2.0), dict(num_beams=3)])
+def test_generation_with_a_cache_equals_generation_without(tiny_config, how):
+    tiny_config.final_logits_bias = True
+    check_generation_with_and_without_cache(word_model(tiny_config), how)
 
 
 def test_word_positions_are_served_by_transformers_loop_and_refused_by_exports(tiny_config):

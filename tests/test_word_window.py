@@ -5,7 +5,7 @@ generation with and without a cache, and the period's positions."""
 import pytest
 import torch
 from helpers import padded_batch
-from test_positions import BOUNDARY, word_model, word_positions_by_loop
+from test_positions import BOUNDARY, check_generation_with_and_without_cache, word_model, word_positions_by_loop
 
 import vaswani
 from vaswani.masks_vaswani import cross_attention_mask, read_span, word_window_mask
@@ -112,20 +112,9 @@ def test_one_token_at_a_time_gives_the_logits_of_one_forward(tiny_config, attn):
 
 @pytest.mark.parametrize("how", [dict(do_sample=True, temperature=2.0), dict(num_beams=3), dict()])
 def test_generation_with_a_cache_equals_generation_without(tiny_config, how):
+    """The cached steps read the window's stretch of keys (`read_span`); without a cache, the whole source."""
     tiny_config.final_logits_bias = True
-    model = window_model(tiny_config, word_position_period=2)
-    with torch.no_grad():
-        model.final_logits_bias[0, BOUNDARY] = 4.5  # so that generated lines hold many words
-    batch = padded_batch(2)
-    batch["input_ids"][:, 2::3] = BOUNDARY
-    batch["input_ids"] *= batch["attention_mask"]
-    outputs = []
-    for use_cache in (True, False):
-        torch.manual_seed(0)
-        outputs.append(model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                      max_new_tokens=20, use_cache=use_cache, **how))
-    assert torch.equal(outputs[0], outputs[1])
-    assert (outputs[0] == BOUNDARY).sum(-1).min() >= 2  # every row crossed words, past the source's last too
+    check_generation_with_and_without_cache(window_model(tiny_config, word_position_period=2), how)
 
 
 @pytest.mark.parametrize("period", [3, None])
