@@ -397,14 +397,15 @@ class _Stack:
         return word_position_ids(input_ids, self.config.word_boundary_token_id, self.config.word_position_stride)
 
     def word_ids(self, input_ids: torch.LongTensor | None, past_length: int,
-                 position_ids: torch.LongTensor | None) -> torch.LongTensor | None:
-        """The word index of each token (B, T) where `cross_attention_words` needs it (else None): its word-aligned
-        position (before any period) divided by the stride."""
+                 position_ids: torch.LongTensor | None) -> tuple[torch.LongTensor | None, torch.LongTensor | None]:
+        """(position ids, word ids) where `cross_attention_words` needs the word index of each token (B, T): its
+        word-aligned position (before any period) divided by the stride, the positions computed once and handed on to
+        `embed`. Otherwise (position_ids, None)."""
         if self.config.cross_attention_words is None:
-            return None
+            return position_ids, None
         if position_ids is None:
             position_ids = self._word_positions(input_ids, past_length)
-        return torch.div(position_ids, self.config.word_position_stride, rounding_mode="floor")
+        return position_ids, torch.div(position_ids, self.config.word_position_stride, rounding_mode="floor")
 
     def normalize_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The final layer norm of a pre-LN stack (post-LN stacks end on their last layer's norm)."""
@@ -450,8 +451,8 @@ class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
         the tokens' positions, where they are not 0 .. S-1 (or the config's word-aligned ones)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
+        position_ids, word_ids = self.word_ids(input_ids, 0, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids=position_ids)
-        word_ids = self.word_ids(input_ids, 0, position_ids)
         attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, hidden_states,
                                              attention_mask, causal=False)
         for layer in self.layers:
@@ -505,8 +506,8 @@ class VaswaniDecoder(_Stack, VaswaniPreTrainedModel):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(self_attention_cache(self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
+        position_ids, word_ids = self.word_ids(input_ids, past_length, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, position_ids)
-        word_ids = self.word_ids(input_ids, past_length, position_ids)
 
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, hidden_states,
