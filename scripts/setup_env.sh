@@ -8,6 +8,7 @@ PY=${PYTHON:-python3}
 # (Re)installs when the package, its console scripts or a dev tool are missing, e.g. a .venv from before
 # vaswani.data or pytest-xdist.
 if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/vaswani-train ] \
+        || [ ! -x .venv/bin/vaswani-pseudo-label ] \
         || ! .venv/bin/python -c "import vaswani.data, torch, transformers, xdist" 2>/dev/null; then
     "$PY" -m venv .venv
     .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true

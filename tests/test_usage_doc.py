@@ -13,6 +13,7 @@ COMMANDS = {  # console script -> the module whose build_parser() it runs
     "vaswani-train": "vaswani.training.cli",
     "vaswani-average": "vaswani.training.average",
     "vaswani-release": "vaswani.training.release",
+    "vaswani-pseudo-label": "vaswani.training.pseudo_labels",
     "vaswani-generate": "vaswani.training.generation",
     "vaswani-finetune": "vaswani.training.finetune",
     "vaswani-train-tokenizer": "vaswani.tokenizer.train_vaswani_tokenizer",
