@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# G2P by ensemble distillation, one command: three teachers, new words they pronounce, one student that learns from
+# them (docs/recipes.md measures each part; the student is one model of the main job's size).
+#   1. three teachers, the main job's recipe with batches of 1,500, 3,000 and 6,000 tokens (TEACHER_BUDGET each,
+#      default 10m): OUTPUT/teacher-1500, -3000, -6000;
+#   2. WORDS (default 80000) new words one edit from a training word, pronounced by the three together
+#      (vaswani-pseudo-label): OUTPUT/train_plus.tsv, the shipped training file followed by them;
+#   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss half the labels' and
+#      half the teachers' distribution at each target position (vaswani-train --teachers): OUTPUT/student.
+# The defaults fill about an hour with start-ups and evaluations.
+#   bash scripts/distill_job.sh outputs/g2p-distill
+#   TEACHER_BUDGET=15m WORDS=100000 STUDENT_BUDGET=60m bash scripts/distill_job.sh outputs/g2p-distill-2h
+# Arguments after OUTPUT go to the student's scripts/train.py. Rerunning after an interruption keeps the finished
+# parts and resumes the one that was running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+out=${1:?usage: bash scripts/distill_job.sh OUTPUT [student arguments]}
+shift
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
+
+train() {  # train OUTPUT_DIR ARGS...: a run of scripts/train.py, resumed if it has checkpoints, skipped if finished
+    local dir=$1
+    shift
+    if [[ -f $dir/metrics.json ]]; then echo "distill_job: $dir has finished"; return; fi
+    local resume=()
+    if compgen -G "$dir/checkpoints/checkpoint-*" > /dev/null; then resume=(--resume); fi
+    .venv/bin/python scripts/train.py --task g2p --output_dir "$dir" "${resume[@]}" "$@"
+}
+
+teachers=()
+for tokens in 1500 3000 6000; do
+    train "$out/teacher-$tokens" --time_budget "${TEACHER_BUDGET:-10m}" --max_tokens "$tokens" --num_beams 1 \
+        --no_progress_bar
+    teachers+=("$out/teacher-$tokens")
+done
+if [[ ! -f $out/train_plus.tsv ]]; then
+    .venv/bin/python scripts/pseudo_label.py --words "${WORDS:-80000}" --output "$out/train_plus.tsv" \
+        --teachers "${teachers[@]}"
+fi
+train "$out/student" --time_budget "${STUDENT_BUDGET:-23m}" --train_file "$out/train_plus.tsv" \
+    --tokenizer "${teachers[0]}" --teachers "${teachers[@]}" "$@"

@@ -1,0 +1,92 @@
+"""scripts/distill_job.sh, the distillation pipeline, run against stand-ins of scripts/train.py and
+scripts/pseudo_label.py that record their arguments: the parts in order with the budgets and files each is given,
+the student's extra arguments passed on, finished parts kept and an interrupted one resumed on a rerun, and a part
+that fails stops the rest. (The training and the pseudo-labelling themselves are tested in
+test_training_distillation.py and test_pseudo_labels.py.)"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+STAND_IN = r"""#!/usr/bin/env bash
+# records each call; a training writes metrics.json in its --output_dir (fails if it is $FAIL_IN), a pseudo-label run
+# writes its --output
+echo "$*" >> "$CALLS"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[i]} in
+        --output_dir) dir=${args[i + 1]} ;;
+        --output) output=${args[i + 1]} ;;
+    esac
+done
+if [[ $1 == scripts/train.py ]]; then
+    [[ $dir == "${FAIL_IN:-}" ]] && exit 1
+    mkdir -p "$dir" && echo '{}' > "$dir/metrics.json"
+else
+    echo "WORD	W ER D" > "$output"
+fi
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of the script in a folder laid out like the repository, with stand-ins for what it runs."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "distill_job.sh", tmp_path / "scripts")
+    (tmp_path / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(STAND_IN)
+    python.chmod(0o755)
+    return tmp_path
+
+
+def _run(repo, *args, check=True, **env):
+    calls = repo / "calls.log"
+    calls.unlink(missing_ok=True)
+    result = subprocess.run(["bash", str(repo / "scripts" / "distill_job.sh"), *args], capture_output=True, text=True,
+                            env={**os.environ, "CALLS": str(calls), **env}, timeout=60)
+    if check:
+        assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, lines
+
+
+def test_the_parts_run_in_order_with_their_budgets_and_files(repo):
+    _, calls = _run(repo, "out", "--seed", "3", TEACHER_BUDGET="7m", WORDS="500", STUDENT_BUDGET="9m")
+    teachers = [f"out/teacher-{n}" for n in (1500, 3000, 6000)]
+    assert calls == [
+        *(f"scripts/train.py --task g2p --output_dir {t} --time_budget 7m --max_tokens {n} --num_beams 1 "
+          "--no_progress_bar" for t, n in zip(teachers, (1500, 3000, 6000))),
+        f"scripts/pseudo_label.py --words 500 --output out/train_plus.tsv --teachers {' '.join(teachers)}",
+        f"scripts/train.py --task g2p --output_dir out/student --time_budget 9m --train_file out/train_plus.tsv "
+        f"--tokenizer out/teacher-1500 --teachers {' '.join(teachers)} --seed 3",
+    ]
+
+
+def test_the_defaults_fill_about_an_hour(repo):
+    _, calls = _run(repo, "out")
+    assert sum("--time_budget 10m" in c for c in calls) == 3
+    assert "--words 80000" in calls[3] and "--time_budget 23m" in calls[4]
+
+
+def test_a_rerun_keeps_the_finished_parts_and_resumes_the_interrupted_one(repo):
+    _, first = _run(repo, "out", FAIL_IN="out/teacher-3000", check=False)
+    assert len(first) == 2  # the first teacher, then the second, which failed: nothing after it ran
+    assert not (repo / "out" / "student").exists()
+    (repo / "out" / "teacher-3000" / "checkpoints" / "checkpoint-200").mkdir(parents=True)
+    result, calls = _run(repo, "out")
+    assert "out/teacher-1500 has finished" in result.stdout
+    assert calls[0].startswith("scripts/train.py --task g2p --output_dir out/teacher-3000 --resume --time_budget")
+    assert [c.split()[0] for c in calls] == ["scripts/train.py"] * 2 + ["scripts/pseudo_label.py", "scripts/train.py"]
+    result, calls = _run(repo, "out")
+    assert calls == [] and result.stdout.count("has finished") == 4
+
+
+def test_without_an_output_folder_it_says_how_to_call_it(repo):
+    result, calls = _run(repo, check=False)
+    assert result.returncode != 0 and "usage: bash scripts/distill_job.sh OUTPUT" in result.stderr and calls == []
