@@ -2,7 +2,8 @@
 # G2P by ensemble distillation, one command: three teachers, new words they pronounce, one student that learns from
 # them (docs/recipes.md measures each part; the student is one model of the main job's size).
 #   1. three teachers, the main job's recipe with batches of 1,500, 3,000 and 6,000 tokens (TEACHER_BUDGET each,
-#      default 10m): OUTPUT/teacher-1500, -3000, -6000;
+#      default 10m; TEACHER_TOKENS="1500 3000 6000" names the batch sizes, one teacher each): OUTPUT/teacher-1500,
+#      -3000, -6000;
 #   2. WORDS (default 80000) new words one edit from a training word, pronounced by the three together
 #      (vaswani-pseudo-label): OUTPUT/train_plus.tsv, the shipped training file followed by them;
 #   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss half the labels' and
@@ -14,6 +15,14 @@
 # parts and resumes the one that was running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+read -r -a sizes <<< "${TEACHER_TOKENS:-1500 3000 6000}"
+for tokens in "${sizes[@]}"; do
+    [[ $tokens =~ ^[1-9][0-9]*$ ]] || { echo "distill_job: TEACHER_TOKENS must be batch sizes in tokens, e.g." \
+        "TEACHER_TOKENS=\"1500 3000 6000\"; got '${TEACHER_TOKENS}'" >&2; exit 2; }
+done
+(( ${#sizes[@]} )) || { echo "distill_job: TEACHER_TOKENS names no batch size" >&2; exit 2; }
+[[ $(printf '%s\n' "${sizes[@]}" | sort -u | wc -l) == "${#sizes[@]}" ]] || {
+    echo "distill_job: TEACHER_TOKENS names a batch size twice ('${TEACHER_TOKENS}'): one teacher each" >&2; exit 2; }
 bash scripts/setup_env.sh
 out=${1:?usage: bash scripts/distill_job.sh OUTPUT [student arguments]}
 shift
@@ -29,7 +38,7 @@ train() {  # train OUTPUT_DIR ARGS...: a run of scripts/train.py, resumed if it 
 }
 
 teachers=()
-for tokens in 1500 3000 6000; do
+for tokens in "${sizes[@]}"; do
     train "$out/teacher-$tokens" --time_budget "${TEACHER_BUDGET:-10m}" --max_tokens "$tokens" --num_beams 1 \
         --no_progress_bar
     teachers+=("$out/teacher-$tokens")

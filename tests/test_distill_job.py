@@ -2,7 +2,7 @@
 scripts/pseudo_label.py that record their arguments: the parts in order with the budgets and files each is given,
 the student's extra arguments passed on, finished parts kept and an interrupted one resumed on a rerun, and a part
 that fails stops the rest. (The training and the pseudo-labelling themselves are tested in
-test_training_distillation.py and test_pseudo_labels.py.)"""
+test_training_distillation.py and test_training_pseudo_labels.py.)"""
 
 import os
 import shutil
@@ -85,6 +85,25 @@ def test_a_rerun_keeps_the_finished_parts_and_resumes_the_interrupted_one(repo):
     assert [c.split()[0] for c in calls] == ["scripts/train.py"] * 2 + ["scripts/pseudo_label.py", "scripts/train.py"]
     result, calls = _run(repo, "out")
     assert calls == [] and result.stdout.count("has finished") == 4
+
+
+def test_teacher_tokens_names_the_teachers(repo):
+    _, calls = _run(repo, "out", TEACHER_TOKENS=" 2000  1000 ")
+    assert [c.split()[4] for c in calls[:2]] == ["out/teacher-2000", "out/teacher-1000"]
+    assert "--max_tokens 2000" in calls[0] and "--max_tokens 1000" in calls[1]
+    assert calls[2].endswith("--teachers out/teacher-2000 out/teacher-1000")
+    assert "--tokenizer out/teacher-2000 --teachers out/teacher-2000 out/teacher-1000" in calls[3]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("1500 3k", "TEACHER_TOKENS must be batch sizes in tokens"),
+    ("1500 0", "TEACHER_TOKENS must be batch sizes in tokens"),
+    ("   ", "TEACHER_TOKENS names no batch size"),
+    ("3000 1500 3000", "TEACHER_TOKENS names a batch size twice"),
+])
+def test_bad_teacher_tokens_stop_before_anything_runs(repo, value, message):
+    result, calls = _run(repo, "out", check=False, TEACHER_TOKENS=value)
+    assert result.returncode == 2 and message in result.stderr and calls == []
 
 
 def test_without_an_output_folder_it_says_how_to_call_it(repo):
