@@ -6,8 +6,9 @@
 #      -3000, -6000;
 #   2. WORDS (default 80000) new words one edit from a training word, pronounced by the three together
 #      (vaswani-pseudo-label): OUTPUT/train_plus.tsv, the shipped training file followed by them;
-#   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss half the labels' and
-#      half the teachers' distribution at each target position (vaswani-train --teachers): OUTPUT/student.
+#   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss a fifth the labels'
+#      and four fifths the teachers' distribution at each target position (vaswani-train --teachers
+#      --distill_alpha 0.8): OUTPUT/student.
 # The defaults fill about an hour with start-ups and evaluations.
 #   bash scripts/distill_job.sh outputs/g2p-distill
 #   TEACHER_BUDGET=15m WORDS=100000 STUDENT_BUDGET=60m bash scripts/distill_job.sh outputs/g2p-distill-2h
@@ -48,4 +49,4 @@ if [[ ! -f $out/train_plus.tsv ]]; then
         --teachers "${teachers[@]}"
 fi
 train "$out/student" --time_budget "${STUDENT_BUDGET:-23m}" --train_file "$out/train_plus.tsv" \
-    --tokenizer "${teachers[0]}" --teachers "${teachers[@]}" "$@"
+    --tokenizer "${teachers[0]}" --teachers "${teachers[@]}" --distill_alpha 0.8 "$@"

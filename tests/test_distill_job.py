@@ -64,7 +64,7 @@ def test_the_parts_run_in_order_with_their_budgets_and_files(repo):
           "--no_progress_bar" for t, n in zip(teachers, (1500, 3000, 6000))),
         f"scripts/pseudo_label.py --words 500 --output out/train_plus.tsv --teachers {' '.join(teachers)}",
         f"scripts/train.py --task g2p --output_dir out/student --time_budget 9m --train_file out/train_plus.tsv "
-        f"--tokenizer out/teacher-1500 --teachers {' '.join(teachers)} --seed 3",
+        f"--tokenizer out/teacher-1500 --teachers {' '.join(teachers)} --distill_alpha 0.8 --seed 3",
     ]
 
 
@@ -92,7 +92,7 @@ def test_teacher_tokens_names_the_teachers(repo):
     assert [c.split()[4] for c in calls[:2]] == ["out/teacher-2000", "out/teacher-1000"]
     assert "--max_tokens 2000" in calls[0] and "--max_tokens 1000" in calls[1]
     assert calls[2].endswith("--teachers out/teacher-2000 out/teacher-1000")
-    assert "--tokenizer out/teacher-2000 --teachers out/teacher-2000 out/teacher-1000" in calls[3]
+    assert "--tokenizer out/teacher-2000 --teachers out/teacher-2000 out/teacher-1000 --distill_alpha" in calls[3]
 
 
 @pytest.mark.parametrize("value, message", [
