@@ -89,13 +89,20 @@ class VaswaniConfig(PreTrainedConfig):
       side; a decoder query the last `attention_window` positions, itself included), `"block_sparse"` (a block of
       `sparse_block_size` queries sees its own and the neighbouring blocks, and the first `sparse_global_tokens`
       positions see all and are seen by all; causal in the decoder) or `"linear"` (phi(x) = elu(x) + 1 feature
-      maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is always full.
+      maps, Katharopoulos et al. 2020; causal by prefix sums in the decoder). Cross-attention is full unless
+      `cross_attention_words` is set.
     - `word_boundary_token_id`, `word_position_stride`: when the id is set, both stacks place each token at
       `word_position_stride` x (its word's index) + (its offset in the word) instead of its index in the sequence,
       where every `word_boundary_token_id` token opens a word (`positions_vaswani.word_position_ids`): the n-th
       word of a source and of its target then share a stretch of positions at any line length.
       `word_position_shift` (training only): each training example's words are moved by the same random number of
       words, 0 .. word_position_shift, in both stacks, so that positions far into long lines are trained too.
+      `word_position_period`: word indices count modulo this many words (positions modulo period x stride), so that
+      the positions of a line of any length are those of the first `word_position_period` words; train with
+      `word_position_shift` = period - 1 to see every phase.
+    - `cross_attention_words`: when set (with `word_boundary_token_id`), a target token of word i attends only to the
+      source words i - n .. i + n (a window of words; a target word past the source's last reads the last one):
+      cross-attention that moves along the source with the output, at any line length.
 
     Presets: `VaswaniConfig.from_preset("base" | "big" | "g2p" | "g2p-small" | "g2p-paragraph" | "tiny", **overrides)`.
     """
@@ -136,6 +143,8 @@ class VaswaniConfig(PreTrainedConfig):
     word_boundary_token_id: int | None = None
     word_position_stride: int = 64
     word_position_shift: int = 0
+    word_position_period: int | None = None
+    cross_attention_words: int | None = None
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
     eos_token_id: int | None = 3
@@ -202,6 +211,16 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer (a number of positions)")
         if self.word_position_shift < 0:
             raise ValueError(f"word_position_shift={self.word_position_shift} must be 0 or more (a number of words)")
+        for name in ("word_position_period", "cross_attention_words"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            least = 1 if name == "word_position_period" else 0
+            if value < least:
+                raise ValueError(f"{name}={value} must be a number of words ({least} or more), or None")
+            if self.word_boundary_token_id is None:
+                raise ValueError(f"{name}={value} counts words, which word_boundary_token_id marks: set it to the "
+                                 f"boundary token's id (vaswani-train --word_positions), or {name}=None")
         if self.sparse_global_tokens < 0:
             raise ValueError(f"sparse_global_tokens={self.sparse_global_tokens} must be 0 or more (a number of "
                              f"positions at the start)")

@@ -74,6 +74,8 @@ SERVED_CONFIG = {
     "word_boundary_token_id": (None,),  # the loop places tokens at the cache length
     "word_position_stride": ANY,
     "word_position_shift": ANY,  # training only
+    "word_position_period": (None,),  # these two need word_boundary_token_id, which the loop does not serve
+    "cross_attention_words": (None,),
 }
 SERVED_ATTENTION = ("eager", "sdpa")
 # The module types the loop runs: the model's own (by name, in its own files, so that a remote-code copy counts) and

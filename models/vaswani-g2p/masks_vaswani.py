@@ -164,11 +164,48 @@ def self_attention_mask(config, pattern: str, inputs_embeds: torch.Tensor, atten
 
 
 def cross_attention_mask(config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                         encoder_hidden_states: torch.Tensor):
-    """What the decoder passes its cross-attention layers: the source padding (B, S) in the backend's form."""
+                         encoder_hidden_states: torch.Tensor, word_ids: torch.Tensor | None = None,
+                         encoder_word_ids: torch.Tensor | None = None):
+    """What the decoder passes its cross-attention layers: the source padding (B, S) in the backend's form; with
+    `cross_attention_words`, the window of words (`word_window_mask`) from the target's and the source's word
+    indices (B, T) and (B, S)."""
+    if config.cross_attention_words is not None:
+        if config._attn_implementation not in ("eager", "sdpa"):
+            raise ValueError(f"cross_attention_words runs under eager or sdpa attention, not "
+                             f"{config._attn_implementation!r}: load the model with attn_implementation='sdpa'")
+        if word_ids is None or encoder_word_ids is None:
+            raise ValueError("cross_attention_words needs the word indices of both sides: pass input_ids (the "
+                             "encoder computes its own) and the decoder's input_ids or position_ids")
+        return word_window_mask(word_ids, encoder_word_ids, attention_mask, config.cross_attention_words)
     return create_bidirectional_mask(config=config, inputs_embeds=inputs_embeds,
                                      attention_mask=_padding_rule(attention_mask),
                                      encoder_hidden_states=encoder_hidden_states)
+
+
+def word_window_mask(word_ids: torch.Tensor, encoder_word_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     window: int) -> torch.Tensor:
+    """Cross-attention within a window of words: the target token of word i (word_ids (B, T)) sees the source
+    tokens of words i - window .. i + window (encoder_word_ids (B, S)), with i clamped to the source's real words (a
+    target word past the end reads the last ones), so that every query has real keys (a source of padding alone is
+    read as real, the rule). Returns a boolean (B, 1, T, S) mask, True = attend."""
+    if attention_mask is None:
+        real = torch.ones_like(encoder_word_ids, dtype=torch.bool)
+    else:
+        real = attend_somewhere(attention_mask.bool())  # an all-padding source is read as all real
+    bounds = torch.iinfo(encoder_word_ids.dtype)
+    first = encoder_word_ids.masked_fill(~real, bounds.max).amin(-1, keepdim=True)
+    last = encoder_word_ids.masked_fill(~real, bounds.min).amax(-1, keepdim=True)
+    query = torch.maximum(torch.minimum(word_ids, last), first)  # (B, T): every query reads a real word
+    allowed = (encoder_word_ids[:, None, :] - query[:, :, None]).abs() <= window
+    return (allowed & real[:, None, :])[:, None]
+
+
+def read_span(mask: torch.Tensor) -> slice:
+    """The stretch of keys that a boolean mask (..., Tq, S) lets any query read, from the first such key to the last:
+    attention over that stretch alone (the mask cut to it) gives the same output. A decoding step under a window of
+    words reads a few words of a source of any length."""
+    read = mask.flatten(0, -2).any(0).nonzero()
+    return slice(int(read[0]), int(read[-1]) + 1) if read.numel() else slice(0, mask.shape[-1])
 
 
 def additive_key_mask(attention_mask: torch.Tensor | None, heads: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -191,5 +228,7 @@ __all__ = [
     "key_padding",
     "mask_function",
     "masked_softmax",
+    "read_span",
     "self_attention_mask",
+    "word_window_mask",
 ]

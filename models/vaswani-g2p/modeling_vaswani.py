@@ -9,6 +9,7 @@ the forwards, greedy search/sampling and beam search), each only where it gives 
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention_patterns_vaswani import pattern_attention
 from .caches_vaswani import self_attention_cache
 from .configuration_vaswani import VaswaniConfig
-from .masks_vaswani import cross_attention_mask, dropout, masked_softmax, self_attention_mask
+from .masks_vaswani import cross_attention_mask, dropout, masked_softmax, read_span, self_attention_mask
 from .positions_vaswani import SinusoidalPositions, word_position_ids
 
 logger = logging.get_logger(__name__)
@@ -170,6 +171,10 @@ class VaswaniAttention(nn.Module):
                 if is_cross:
                     cache.is_updated[self.layer_idx] = True
 
+        if is_cross and self.config.cross_attention_words is not None and query.shape[2] == 1 and not kwargs.get(
+                "output_attentions"):  # a decoding step under a window of words: only the keys it can read
+            span = read_span(attention_mask)
+            key, value, attention_mask = key[:, :, span], value[:, :, span], attention_mask[..., span]
         attend = attention_function(self, is_cross)
         dropout = self.config.attention_dropout if self.training else 0.0
         cache_layer = layer_cache.layers[self.layer_idx] if layer_cache is not None and self.layer_idx < len(
@@ -374,6 +379,8 @@ class _Stack:
         if position_ids is None and self.config.word_boundary_token_id is not None:
             position_ids = self._word_positions(input_ids, past_length)
         if position_ids is not None:
+            if self.config.word_position_period is not None:  # word indices modulo the period
+                position_ids = position_ids % (self.config.word_position_period * self.config.word_position_stride)
             positions = self.embed_positions(position_ids, dtype)  # from the formula: word positions run far
         else:
             positions = self.embed_positions.range(past_length, inputs_embeds.shape[1], dtype, device)
@@ -389,9 +396,29 @@ class _Stack:
                              "without a cache")
         return word_position_ids(input_ids, self.config.word_boundary_token_id, self.config.word_position_stride)
 
+    def word_ids(self, input_ids: torch.LongTensor | None, past_length: int,
+                 position_ids: torch.LongTensor | None) -> tuple[torch.LongTensor | None, torch.LongTensor | None]:
+        """(position ids, word ids) where `cross_attention_words` needs the word index of each token (B, T): its
+        word-aligned position (before any period) divided by the stride, the positions computed once and handed on to
+        `embed`. Otherwise (position_ids, None)."""
+        if self.config.cross_attention_words is None:
+            return position_ids, None
+        if position_ids is None:
+            position_ids = self._word_positions(input_ids, past_length)
+        return position_ids, torch.div(position_ids, self.config.word_position_stride, rounding_mode="floor")
+
     def normalize_output(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The final layer norm of a pre-LN stack (post-LN stacks end on their last layer's norm)."""
         return hidden_states if self.layer_norm is None else self.layer_norm(hidden_states)
+
+
+@dataclass
+class VaswaniEncoderOutput(BaseModelOutput):
+    """The encoder's output, with the word index of each source token (B, S) when the config sets
+    `cross_attention_words` (the decoder's cross-attention window reads it; generation carries and expands it with the
+    hidden states)."""
+
+    word_ids: torch.LongTensor | None = None
 
 
 class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
@@ -424,12 +451,13 @@ class VaswaniEncoder(_Stack, VaswaniPreTrainedModel):
         the tokens' positions, where they are not 0 .. S-1 (or the config's word-aligned ones)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds to the encoder")
+        position_ids, word_ids = self.word_ids(input_ids, 0, position_ids)
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids=position_ids)
         attention_mask = self_attention_mask(self.config, self.config.encoder_attention_pattern, hidden_states,
                                              attention_mask, causal=False)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        return BaseModelOutput(last_hidden_state=self.normalize_output(hidden_states))
+        return VaswaniEncoderOutput(last_hidden_state=self.normalize_output(hidden_states), word_ids=word_ids)
 
 
 class VaswaniDecoder(_Stack, VaswaniPreTrainedModel):
@@ -465,24 +493,27 @@ class VaswaniDecoder(_Stack, VaswaniPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         position_ids: torch.LongTensor | None = None,
+        encoder_word_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) decoder inputs (labels shifted right); attention_mask (B, T) target padding, or a
         prepared 4D mask; encoder_hidden_states (B, S, d); encoder_attention_mask (B, S) source padding;
         position_ids (B, T): the inputs' positions, where they are not the cache length on (word-aligned positions
-        after cached tokens)."""
+        after cached tokens); encoder_word_ids (B, S): the source's word indices (`VaswaniEncoderOutput.word_ids`), for
+        `cross_attention_words`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder")
         if use_cache and cache is None:
             cache = EncoderDecoderCache(self_attention_cache(self.config), DynamicCache(config=self.config))
-        hidden_states = self.embed(input_ids, inputs_embeds, cache.get_seq_length() if cache is not None else 0,
-                                   position_ids)
+        past_length = cache.get_seq_length() if cache is not None else 0
+        position_ids, word_ids = self.word_ids(input_ids, past_length, position_ids)
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length, position_ids)
 
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = self_attention_mask(self.config, self.config.decoder_attention_pattern, hidden_states,
                                           attention_mask, causal=True, cache=self_cache)
         encoder_attention_mask = cross_attention_mask(self.config, hidden_states, encoder_attention_mask,
-                                                      encoder_hidden_states)
+                                                      encoder_hidden_states, word_ids, encoder_word_ids)
         for layer in self.layers:  # encoder_hidden_states positional, for gradient checkpointing
             hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states,
                                   encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
@@ -558,7 +589,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
                 position_ids=encoder_position_ids, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
+            encoder_outputs = VaswaniEncoderOutput(
                 last_hidden_state=encoder_outputs[0],
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
@@ -567,7 +598,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
             cache=cache, inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, position_ids=decoder_position_ids,
-            **kwargs)
+            encoder_word_ids=getattr(encoder_outputs, "word_ids", None), **kwargs)
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             cache=decoder_outputs.cache,
@@ -735,6 +766,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 __all__ = [
     "VaswaniPreTrainedModel",
     "VaswaniEncoder",
+    "VaswaniEncoderOutput",
     "VaswaniDecoder",
     "VaswaniModel",
     "VaswaniForConditionalGeneration",
