@@ -1,7 +1,8 @@
 """`vaswani-pseudo-label` (vaswani.training.pseudo_labels): an ensemble of one model decodes as the model's own greedy
-search, an ensemble of a model twice as the model once; the neighbour words are new words one edit from a training
-word on the training side of the dev rule; the training file written with them keeps the shipped dev set, is
-written whole or not at all, and bad arguments are one clear line."""
+search, an ensemble of a model twice as the model once, and its search from the models' caches as the whole decoder
+run again at each step; the neighbour words are new words one edit from a training word on the training side of the
+dev rule; the training file written with them keeps the shipped dev set, is written whole or not at all, and bad
+arguments are one clear line."""
 
 import sys
 
@@ -44,6 +45,32 @@ def test_an_ensemble_of_one_model_is_its_own_greedy_search():
             p.add_(torch.randn_like(p) * 0.05)
     assert pseudo_labels.ensemble_greedy(twice, tokenizer, words) != expected
 
+
+
+def _uncached_ensemble_greedy(models, tokenizer, word):
+    """The reference: the whole decoder again at every step, one word at a time, no cache, no padding."""
+    encoded = tokenizer([word], return_tensors="pt")
+    tokens = torch.tensor([[models[0].config.decoder_start_token_id]])
+    for _ in range(27):
+        with torch.no_grad():
+            log_probs = sum(torch.log_softmax(m(**encoded, decoder_input_ids=tokens).logits[:, -1].double(), -1)
+                            for m in models)
+        tokens = torch.cat([tokens, log_probs.argmax(-1, keepdim=True)], 1)
+        if tokens[0, -1] == tokenizer.eos_token_id:
+            return tokenizer.decode(tokens[0, 1:].tolist(), skip_special_tokens=True)
+    return None
+
+
+def test_the_cached_search_of_two_different_models_equals_the_uncached_one():
+    models, tokenizer = _load([SHIPPED, SHIPPED])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in models[1].parameters():
+            p.add_(torch.randn_like(p) * 0.03)
+    words = pseudo_labels.neighbour_words(60, seed=7)
+    found = pseudo_labels.ensemble_greedy(models, tokenizer, words, batch_size=16)
+    assert found == [_uncached_ensemble_greedy(models, tokenizer, w) for w in words]
+    assert found != pseudo_labels.ensemble_greedy(models[:1], tokenizer, words)  # the second model counts
 
 def test_neighbour_words_are_new_and_the_file_with_them_keeps_the_dev_set(tmp_path):
     from vaswani.training.data import default_g2p_file, is_dev_word, load_g2p, read_g2p

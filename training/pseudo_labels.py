@@ -27,8 +27,9 @@ import torch
 @torch.no_grad()
 def ensemble_greedy(models: Sequence, tokenizer, sources: Sequence[str], batch_size: int = 512,
                     max_new_tokens: int = 27) -> list[str | None]:
-    """Greedy search with the models' mean log-probabilities at each step, batched by length; one string per source
-    (None where the search did not end within `max_new_tokens`). One model gives its own greedy search."""
+    """Greedy search with the models' mean log-probabilities at each step, batched by length, each model decoding
+    one token a step from its own cache; one string per source (None where the search did not end within
+    `max_new_tokens`). One model gives its own greedy search."""
     encoded = [tokenizer(s)["input_ids"] for s in sources]
     order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -43,11 +44,16 @@ def ensemble_greedy(models: Sequence, tokenizer, sources: Sequence[str], batch_s
             input_ids[r, :len(encoded[i])] = torch.tensor(encoded[i])
             mask[r, :len(encoded[i])] = 1
         encoder_outputs = [m.get_encoder()(input_ids=input_ids, attention_mask=mask) for m in models]
+        caches = [None] * len(models)
         tokens = torch.full((len(rows), 1), start)
         done = torch.zeros(len(rows), dtype=torch.bool)
         for _ in range(max_new_tokens):
-            log_probs = sum(torch.log_softmax(m(encoder_outputs=e, attention_mask=mask, decoder_input_ids=tokens)
-                                              .logits[:, -1].float(), -1) for m, e in zip(models, encoder_outputs))
+            log_probs = 0
+            for j, (model, encoded_rows) in enumerate(zip(models, encoder_outputs)):
+                output = model(encoder_outputs=encoded_rows, attention_mask=mask, decoder_input_ids=tokens[:, -1:],
+                               cache=caches[j], use_cache=True)
+                caches[j] = output.cache
+                log_probs = log_probs + torch.log_softmax(output.logits[:, -1].float(), -1)
             step = log_probs.argmax(-1).masked_fill(done, pad)
             tokens = torch.cat([tokens, step[:, None]], 1)
             done |= step == eos
