@@ -4,14 +4,17 @@
 #   1. three teachers, the main job's recipe with batches of 1,500, 3,000 and 6,000 tokens (TEACHER_BUDGET each,
 #      default 10m; TEACHER_TOKENS="1500 3000 6000" names the batch sizes, one teacher each): OUTPUT/teacher-1500,
 #      -3000, -6000;
-#   2. WORDS (default 80000) new words one edit from a training word, pronounced by the three together
+#      with WIDE_TEACHER_BUDGET set (e.g. 1h), one more teacher of another kind, 192 wide (FFN 768) with dropout 0.1,
+#      trained that long: OUTPUT/teacher-wide;
+#   2. WORDS (default 80000) new words one edit from a training word, pronounced by the teachers together
 #      (vaswani-pseudo-label): OUTPUT/train_plus.tsv, the shipped training file followed by them;
 #   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss a fifth the labels'
 #      and four fifths the teachers' distribution at each target position (vaswani-train --teachers
 #      --distill_alpha 0.8): OUTPUT/student.
 # The defaults fill about an hour with start-ups and evaluations.
 #   bash scripts/distill_job.sh outputs/g2p-distill
-#   TEACHER_BUDGET=15m WORDS=100000 STUDENT_BUDGET=60m bash scripts/distill_job.sh outputs/g2p-distill-2h
+#   TEACHER_BUDGET=15m WIDE_TEACHER_BUDGET=1h WORDS=100000 STUDENT_BUDGET=30m bash scripts/distill_job.sh \
+#       outputs/g2p-distill-2h30    # the 2.5-hour recipe of docs/recipes.md, about 2 h 20 min
 # Arguments after OUTPUT go to the student's scripts/train.py. Rerunning after an interruption keeps the finished
 # parts and resumes the one that was running.
 set -euo pipefail
@@ -24,6 +27,13 @@ done
 (( ${#sizes[@]} )) || { echo "distill_job: TEACHER_TOKENS names no batch size" >&2; exit 2; }
 [[ $(printf '%s\n' "${sizes[@]}" | sort -u | wc -l) == "${#sizes[@]}" ]] || {
     echo "distill_job: TEACHER_TOKENS names a batch size twice ('${TEACHER_TOKENS}'): one teacher each" >&2; exit 2; }
+n='[0-9]+(\.[0-9]+)?'
+duration="^(${n}h)?(${n}m)?(${n}s)?\$|^$n\$"
+for name in TEACHER_BUDGET WIDE_TEACHER_BUDGET STUDENT_BUDGET; do  # a bad budget stops here, not after the teachers
+    value=${!name:-} && v=${value,,} && v=${v// /}
+    [[ -z $v || ( $v =~ $duration && $v =~ [1-9] ) ]] || {
+        echo "distill_job: $name must be a time like 10m, 1h or 1h30m; got '$value'" >&2; exit 2; }
+done
 bash scripts/setup_env.sh
 out=${1:?usage: bash scripts/distill_job.sh OUTPUT [student arguments]}
 shift
@@ -44,6 +54,11 @@ for tokens in "${sizes[@]}"; do
         --no_progress_bar
     teachers+=("$out/teacher-$tokens")
 done
+if [[ -n ${WIDE_TEACHER_BUDGET:-} ]]; then
+    train "$out/teacher-wide" --time_budget "$WIDE_TEACHER_BUDGET" --num_beams 1 --no_progress_bar \
+        --config_overrides d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768,dropout=0.1
+    teachers+=("$out/teacher-wide")
+fi
 if [[ ! -f $out/train_plus.tsv ]]; then
     .venv/bin/python scripts/pseudo_label.py --words "${WORDS:-80000}" --output "$out/train_plus.tsv" \
         --teachers "${teachers[@]}"

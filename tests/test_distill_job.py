@@ -1,6 +1,7 @@
 """scripts/distill_job.sh, the distillation pipeline, run against stand-ins of scripts/train.py and
 scripts/pseudo_label.py that record their arguments: the parts in order with the budgets and files each is given,
-the student's extra arguments passed on, finished parts kept and an interrupted one resumed on a rerun, and a part
+the student's extra arguments passed on, the wider teacher added by WIDE_TEACHER_BUDGET, bad sizes and budgets
+refused before anything runs, finished parts kept and an interrupted one resumed on a rerun, and a part
 that fails stops the rest. (The training and the pseudo-labelling themselves are tested in
 test_training_distillation.py and test_training_pseudo_labels.py.)"""
 
@@ -94,6 +95,25 @@ def test_teacher_tokens_names_the_teachers(repo):
     assert calls[2].endswith("--teachers out/teacher-2000 out/teacher-1000")
     assert "--tokenizer out/teacher-2000 --teachers out/teacher-2000 out/teacher-1000 --distill_alpha" in calls[3]
 
+
+
+def test_wide_teacher_budget_adds_a_wider_teacher_with_dropout(repo):
+    _, calls = _run(repo, "out", TEACHER_BUDGET="15m", WIDE_TEACHER_BUDGET="1H 30m")
+    assert calls[3] == ("scripts/train.py --task g2p --output_dir out/teacher-wide --time_budget 1H 30m --num_beams 1 "
+                        "--no_progress_bar --config_overrides d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768,"
+                        "dropout=0.1")
+    teachers = "out/teacher-1500 out/teacher-3000 out/teacher-6000 out/teacher-wide"
+    assert calls[4].endswith(f"--teachers {teachers}")
+    assert f"--tokenizer out/teacher-1500 --teachers {teachers} --distill_alpha 0.8" in calls[5]
+    assert len(calls) == 6 and not any("teacher-wide" in c for c in _run(repo, "other")[1])
+
+
+@pytest.mark.parametrize("name", ["TEACHER_BUDGET", "WIDE_TEACHER_BUDGET", "STUDENT_BUDGET"])
+@pytest.mark.parametrize("value", ["10min", "1hour", "0m", "m", "ten"])
+def test_a_bad_budget_stops_before_anything_runs(repo, name, value):
+    result, calls = _run(repo, "out", check=False, **{name: value})
+    assert result.returncode == 2 and f"{name} must be a time like 10m" in result.stderr and calls == []
+    assert f"got '{value}'" in result.stderr
 
 @pytest.mark.parametrize("value, message", [
     ("1500 3k", "TEACHER_TOKENS must be batch sizes in tokens"),
