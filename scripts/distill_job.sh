@@ -6,6 +6,8 @@
 #      -3000, -6000;
 #      with WIDE_TEACHER_BUDGET set (e.g. 1h), one more teacher of another kind, 192 wide (FFN 768) with dropout 0.1,
 #      trained that long: OUTPUT/teacher-wide;
+#      TEACHER_JOBS=2 trains them two at a time, one queue each with half the cores (a small model makes more
+#      updates per core on one thread than on two), the longest budgets first, each to the queue with the least;
 #   2. WORDS (default 80000) new words one edit from a training word, pronounced by the teachers together
 #      (vaswani-pseudo-label): OUTPUT/train_plus.tsv, the shipped training file followed by them;
 #   3. the student (STUDENT_BUDGET, default 23m): the main job's recipe on that file, its loss a fifth the labels'
@@ -34,6 +36,16 @@ for name in TEACHER_BUDGET WIDE_TEACHER_BUDGET STUDENT_BUDGET; do  # a bad budge
     [[ -z $v || ( $v =~ $duration && $v =~ [1-9] ) ]] || {
         echo "distill_job: $name must be a time like 10m, 1h or 1h30m; got '$value'" >&2; exit 2; }
 done
+jobs=${TEACHER_JOBS:-1}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "distill_job: TEACHER_JOBS must be how many teachers train at once, e.g." \
+    "TEACHER_JOBS=2; got '$jobs'" >&2; exit 2; }
+seconds() {  # seconds BUDGET: the seconds in a budget that passed the check above
+    local v=${1,,} && v=${v// /}
+    if [[ $v =~ ^$n$ ]]; then echo "$v"; return; fi
+    [[ $v =~ $duration ]]
+    awk -v h="${BASH_REMATCH[1]%h}" -v m="${BASH_REMATCH[3]%m}" -v s="${BASH_REMATCH[5]%s}" \
+        'BEGIN { print h * 3600 + m * 60 + s }'
+}
 bash scripts/setup_env.sh
 out=${1:?usage: bash scripts/distill_job.sh OUTPUT [student arguments]}
 shift
@@ -48,16 +60,46 @@ train() {  # train OUTPUT_DIR ARGS...: a run of scripts/train.py, resumed if it 
     .venv/bin/python scripts/train.py --task g2p --output_dir "$dir" "${resume[@]}" "$@"
 }
 
-teachers=()
+teachers=() budgets=() extras=()  # each teacher's folder, budget and arguments of its own, in the order given
 for tokens in "${sizes[@]}"; do
-    train "$out/teacher-$tokens" --time_budget "${TEACHER_BUDGET:-10m}" --max_tokens "$tokens" --num_beams 1 \
-        --no_progress_bar
-    teachers+=("$out/teacher-$tokens")
+    teachers+=("$out/teacher-$tokens") budgets+=("${TEACHER_BUDGET:-10m}") extras+=("--max_tokens $tokens")
 done
 if [[ -n ${WIDE_TEACHER_BUDGET:-} ]]; then
-    train "$out/teacher-wide" --time_budget "$WIDE_TEACHER_BUDGET" --num_beams 1 --no_progress_bar \
-        --config_overrides d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768,dropout=0.1
-    teachers+=("$out/teacher-wide")
+    teachers+=("$out/teacher-wide") budgets+=("$WIDE_TEACHER_BUDGET")
+    extras+=("--config_overrides d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768,dropout=0.1")
+fi
+teacher() {  # teacher I: the I-th teacher's training
+    local -a extra
+    read -r -a extra <<< "${extras[$1]}"
+    train "${teachers[$1]}" --time_budget "${budgets[$1]}" --num_beams 1 --no_progress_bar "${extra[@]}"
+}
+if (( jobs == 1 )); then
+    for i in "${!teachers[@]}"; do teacher "$i"; done
+else  # JOBS queues side by side, each on its share of the cores (`nproc`: OMP_NUM_THREADS if set); the longest
+    # budgets first, each to the lightest queue
+    (( jobs <= ${#teachers[@]} )) || jobs=${#teachers[@]}
+    threads=$(( $(nproc) / jobs )) && (( threads >= 1 )) || threads=1
+    queues=() loads=()
+    for ((q = 0; q < jobs; q++)); do queues+=("") loads+=(0); done
+    while read -r secs i; do
+        lightest=0
+        for ((q = 1; q < jobs; q++)); do
+            awk -v a="${loads[q]}" -v b="${loads[lightest]}" 'BEGIN { exit !(a < b) }' && lightest=$q
+        done
+        queues[lightest]+=" $i" && loads[lightest]=$(awk -v a="${loads[lightest]}" -v b="$secs" 'BEGIN { print a + b }')
+    done < <(for i in "${!teachers[@]}"; do echo "$(seconds "${budgets[$i]}") $i"; done | sort -s -k1,1gr)
+    pids=()
+    for ((q = 0; q < jobs; q++)); do
+        (
+            export OMP_NUM_THREADS=$threads PYTHONUNBUFFERED=1
+            for i in ${queues[q]}; do teacher "$i" 2>&1 | sed -u "s|^|${teachers[$i]##*/}: |"; done
+        ) &
+        pids+=($!)
+    done
+    failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=$?; done
+    (( failed == 0 )) || { echo "distill_job: a teacher failed (exit $failed), see its lines above; rerunning" \
+        "the command keeps the finished teachers and resumes the others" >&2; exit "$failed"; }
 fi
 if [[ ! -f $out/train_plus.tsv ]]; then
     .venv/bin/python scripts/pseudo_label.py --words "${WORDS:-80000}" --output "$out/train_plus.tsv" \

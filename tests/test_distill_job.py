@@ -14,8 +14,9 @@ import pytest
 from helpers import REPO
 
 STAND_IN = r"""#!/usr/bin/env bash
-# records each call; a training writes metrics.json in its --output_dir (fails if it is $FAIL_IN), a pseudo-label run
-# writes its --output
+# records each call, and in $CALLS.threads the folder and OMP_NUM_THREADS of each training; a training writes
+# metrics.json in its --output_dir (fails if it is $FAIL_IN; if it is $WAIT_IN, it first waits up to 20 s for every
+# file in $WAIT_FOR, and fails if one does not appear), a pseudo-label run writes its --output
 echo "$*" >> "$CALLS"
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -25,8 +26,17 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 if [[ $1 == scripts/train.py ]]; then
+    echo "$dir ${OMP_NUM_THREADS:-unset}" >> "$CALLS.threads"
+    echo "training $dir"
+    mkdir -p "$dir" && touch "$dir/started"
     [[ $dir == "${FAIL_IN:-}" ]] && exit 1
-    mkdir -p "$dir" && echo '{}' > "$dir/metrics.json"
+    if [[ $dir == "${WAIT_IN:-}" ]]; then
+        for file in $WAIT_FOR; do
+            for ((tries = 0; tries < 200; tries++)); do [[ -e $file ]] && break; sleep 0.1; done
+            [[ -e $file ]] || exit 3
+        done
+    fi
+    echo '{}' > "$dir/metrics.json"
 else
     echo "WORD	W ER D" > "$output"
 fi
@@ -49,6 +59,7 @@ def repo(tmp_path):
 def _run(repo, *args, check=True, **env):
     calls = repo / "calls.log"
     calls.unlink(missing_ok=True)
+    (repo / "calls.log.threads").unlink(missing_ok=True)
     result = subprocess.run(["bash", str(repo / "scripts" / "distill_job.sh"), *args], capture_output=True, text=True,
                             env={**os.environ, "CALLS": str(calls), **env}, timeout=60)
     if check:
@@ -61,8 +72,8 @@ def test_the_parts_run_in_order_with_their_budgets_and_files(repo):
     _, calls = _run(repo, "out", "--seed", "3", TEACHER_BUDGET="7m", WORDS="500", STUDENT_BUDGET="9m")
     teachers = [f"out/teacher-{n}" for n in (1500, 3000, 6000)]
     assert calls == [
-        *(f"scripts/train.py --task g2p --output_dir {t} --time_budget 7m --max_tokens {n} --num_beams 1 "
-          "--no_progress_bar" for t, n in zip(teachers, (1500, 3000, 6000))),
+        *(f"scripts/train.py --task g2p --output_dir {t} --time_budget 7m --num_beams 1 --no_progress_bar "
+          f"--max_tokens {n}" for t, n in zip(teachers, (1500, 3000, 6000))),
         f"scripts/pseudo_label.py --words 500 --output out/train_plus.tsv --teachers {' '.join(teachers)}",
         f"scripts/train.py --task g2p --output_dir out/student --time_budget 9m --train_file out/train_plus.tsv "
         f"--tokenizer out/teacher-1500 --teachers {' '.join(teachers)} --distill_alpha 0.8 --seed 3",
@@ -129,3 +140,53 @@ def test_bad_teacher_tokens_stop_before_anything_runs(repo, value, message):
 def test_without_an_output_folder_it_says_how_to_call_it(repo):
     result, calls = _run(repo, check=False)
     assert result.returncode != 0 and "usage: bash scripts/distill_job.sh OUTPUT" in result.stderr and calls == []
+
+
+def _threads(repo):
+    return dict(line.split() for line in (repo / "calls.log.threads").read_text().splitlines())
+
+
+def test_teacher_jobs_trains_teachers_side_by_side_on_a_share_of_the_cores_each(repo):
+    # teacher-1500 waits for teacher-2000 to start: run one after the other, it would wait in vain and fail
+    result, calls = _run(repo, "out", TEACHER_JOBS="2", TEACHER_TOKENS="1500 2000 3000 6000", TEACHER_BUDGET="15m",
+                         WAIT_IN="out/teacher-1500", WAIT_FOR="out/teacher-2000/started", OMP_NUM_THREADS="7")
+    teachers = [f"out/teacher-{n}" for n in (1500, 2000, 3000, 6000)]
+    assert sorted(c.split()[4] for c in calls[:4]) == teachers and all("--time_budget 15m" in c for c in calls[:4])
+    assert calls[4].endswith(f"--teachers {' '.join(teachers)}")  # the order given, whichever finished first
+    assert f"--tokenizer out/teacher-1500 --teachers {' '.join(teachers)} --distill_alpha 0.8" in calls[5]
+    threads = _threads(repo)
+    assert [threads[t] for t in teachers] == ["3"] * 4  # half of the 7 threads the caller allows (nproc)
+    assert threads["out/student"] == "7"  # the student runs as the caller set it
+    assert "teacher-2000: training out/teacher-2000" in result.stdout.splitlines()
+
+
+def test_teacher_jobs_gives_the_longest_budget_a_queue_of_its_own(repo):
+    # the wide teacher (1 h) waits for the three 15-minute ones to finish: queued before any of them, it would wait
+    # in vain
+    finished = " ".join(f"out/teacher-{n}/metrics.json" for n in (1500, 3000, 6000))
+    _, calls = _run(repo, "out", TEACHER_JOBS="2", TEACHER_BUDGET="15m", WIDE_TEACHER_BUDGET="1h",
+                    WAIT_IN="out/teacher-wide", WAIT_FOR=finished)
+    assert sorted(c.split()[4] for c in calls[:4])[-1] == "out/teacher-wide"
+    assert calls[4].endswith("--teachers out/teacher-1500 out/teacher-3000 out/teacher-6000 out/teacher-wide")
+
+
+def test_teacher_jobs_stops_before_the_student_when_a_teacher_fails_and_a_rerun_resumes(repo):
+    result, calls = _run(repo, "out", check=False, TEACHER_JOBS="2", FAIL_IN="out/teacher-3000")
+    assert result.returncode != 0 and "a teacher failed" in result.stderr
+    assert all(c.startswith("scripts/train.py") for c in calls) and not (repo / "out" / "student").exists()
+    assert (repo / "out" / "teacher-1500" / "metrics.json").exists()  # the other queue's teacher is kept
+    result, calls = _run(repo, "out", TEACHER_JOBS="2")
+    assert "teacher-1500: distill_job: out/teacher-1500 has finished" in result.stdout
+    assert [c.split()[0] for c in calls].count("scripts/train.py") == 2  # teacher-3000, then the student
+
+
+def test_more_jobs_than_teachers_gives_each_teacher_its_share(repo):
+    _run(repo, "out", TEACHER_JOBS="8", TEACHER_TOKENS="1500 3000", OMP_NUM_THREADS="7")
+    assert [_threads(repo)[f"out/teacher-{n}"] for n in (1500, 3000)] == ["3"] * 2
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
+def test_a_bad_teacher_jobs_stops_before_anything_runs(repo, value):
+    result, calls = _run(repo, "out", check=False, TEACHER_JOBS=value)
+    assert result.returncode == 2 and "TEACHER_JOBS must be how many teachers train at once" in result.stderr
+    assert f"got '{value}'" in result.stderr and calls == []
