@@ -39,12 +39,12 @@ done
 jobs=${TEACHER_JOBS:-1}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "distill_job: TEACHER_JOBS must be how many teachers train at once, e.g." \
     "TEACHER_JOBS=2; got '$jobs'" >&2; exit 2; }
-seconds() {  # seconds BUDGET: the seconds in a budget that passed the check above
+seconds() {  # seconds BUDGET: the whole seconds in a budget that passed the check above
     local v=${1,,} && v=${v// /}
-    if [[ $v =~ ^$n$ ]]; then echo "$v"; return; fi
+    [[ $v =~ ^$n$ ]] && v=${v}s  # a bare number is seconds
     [[ $v =~ $duration ]]
     awk -v h="${BASH_REMATCH[1]%h}" -v m="${BASH_REMATCH[3]%m}" -v s="${BASH_REMATCH[5]%s}" \
-        'BEGIN { print h * 3600 + m * 60 + s }'
+        'BEGIN { printf "%d\n", h * 3600 + m * 60 + s }'
 }
 bash scripts/setup_env.sh
 out=${1:?usage: bash scripts/distill_job.sh OUTPUT [student arguments]}
@@ -83,11 +83,9 @@ else  # JOBS queues side by side, each on its share of the cores (`nproc`: OMP_N
     for ((q = 0; q < jobs; q++)); do queues+=("") loads+=(0); done
     while read -r secs i; do
         lightest=0
-        for ((q = 1; q < jobs; q++)); do
-            awk -v a="${loads[q]}" -v b="${loads[lightest]}" 'BEGIN { exit !(a < b) }' && lightest=$q
-        done
-        queues[lightest]+=" $i" && loads[lightest]=$(awk -v a="${loads[lightest]}" -v b="$secs" 'BEGIN { print a + b }')
-    done < <(for i in "${!teachers[@]}"; do echo "$(seconds "${budgets[$i]}") $i"; done | sort -s -k1,1gr)
+        for ((q = 1; q < jobs; q++)); do (( loads[q] < loads[lightest] )) && lightest=$q; done
+        queues[lightest]+=" $i" && (( loads[lightest] += secs ))
+    done < <(for i in "${!teachers[@]}"; do echo "$(seconds "${budgets[$i]}") $i"; done | sort -s -k1,1nr)
     pids=()
     for ((q = 0; q < jobs; q++)); do
         (
