@@ -4,6 +4,8 @@
 #   1. three teachers, the main job's recipe with batches of 1,500, 3,000 and 6,000 tokens (TEACHER_BUDGET each,
 #      default 10m; TEACHER_TOKENS="1500 3000 6000" names the batch sizes, one teacher each): OUTPUT/teacher-1500,
 #      -3000, -6000;
+#      TEACHER_CONFIG (e.g. encoder_layers=6,decoder_layers=2) changes the three teachers' model
+#      (scripts/train.py --config_overrides);
 #      with WIDE_TEACHER_BUDGET set (e.g. 1h), one more teacher of another kind, 192 wide (FFN 768) with dropout 0.1,
 #      trained that long: OUTPUT/teacher-wide;
 #      TEACHER_JOBS=2 trains them two at a time, one queue each with half the cores (a small model makes more
@@ -36,6 +38,10 @@ for name in TEACHER_BUDGET WIDE_TEACHER_BUDGET STUDENT_BUDGET; do  # a bad budge
     [[ -z $v || ( $v =~ $duration && $v =~ [1-9] ) ]] || {
         echo "distill_job: $name must be a time like 10m, 1h or 1h30m; got '$value'" >&2; exit 2; }
 done
+setting='[A-Za-z_][A-Za-z0-9_]*=[^ ,=]+'
+[[ -z ${TEACHER_CONFIG:-} || $TEACHER_CONFIG =~ ^$setting(,$setting)*$ ]] || {
+    echo "distill_job: TEACHER_CONFIG must be config settings for --config_overrides, e.g." \
+        "TEACHER_CONFIG=encoder_layers=6,decoder_layers=2; got '$TEACHER_CONFIG'" >&2; exit 2; }
 jobs=${TEACHER_JOBS:-1}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "distill_job: TEACHER_JOBS must be how many teachers train at once, e.g." \
     "TEACHER_JOBS=2; got '$jobs'" >&2; exit 2; }
@@ -62,7 +68,8 @@ train() {  # train OUTPUT_DIR ARGS...: a run of scripts/train.py, resumed if it 
 
 teachers=() budgets=() extras=()  # each teacher's folder, budget and arguments of its own, in the order given
 for tokens in "${sizes[@]}"; do
-    teachers+=("$out/teacher-$tokens") budgets+=("${TEACHER_BUDGET:-10m}") extras+=("--max_tokens $tokens")
+    teachers+=("$out/teacher-$tokens") budgets+=("${TEACHER_BUDGET:-10m}")
+    extras+=("--max_tokens $tokens${TEACHER_CONFIG:+ --config_overrides $TEACHER_CONFIG}")
 done
 if [[ -n ${WIDE_TEACHER_BUDGET:-} ]]; then
     teachers+=("$out/teacher-wide") budgets+=("$WIDE_TEACHER_BUDGET")

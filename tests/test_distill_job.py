@@ -119,6 +119,23 @@ def test_wide_teacher_budget_adds_a_wider_teacher_with_dropout(repo):
     assert len(calls) == 6 and not any("teacher-wide" in c for c in _run(repo, "other")[1])
 
 
+def test_teacher_config_changes_the_three_teachers_model_and_nothing_else(repo):
+    _, calls = _run(repo, "out", "--seed", "3", TEACHER_CONFIG="encoder_layers=6,decoder_layers=2",
+                    WIDE_TEACHER_BUDGET="1h")
+    assert all(c.endswith(f"--max_tokens {n} --config_overrides encoder_layers=6,decoder_layers=2")
+               for c, n in zip(calls[:3], (1500, 3000, 6000)))
+    assert calls[3].endswith("--config_overrides d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768,dropout=0.1")
+    assert "config_overrides" not in calls[4] + calls[5] and calls[5].endswith("--distill_alpha 0.8 --seed 3")
+
+
+@pytest.mark.parametrize("value", ["encoder_layers", "encoder_layers=6 decoder_layers=2", "encoder_layers=6,",
+                                   "=6", "encoder_layers==6"])
+def test_a_bad_teacher_config_stops_before_anything_runs(repo, value):
+    result, calls = _run(repo, "out", check=False, TEACHER_CONFIG=value)
+    assert result.returncode == 2 and "TEACHER_CONFIG must be config settings for --config_overrides" in result.stderr
+    assert f"got '{value}'" in result.stderr and calls == []
+
+
 @pytest.mark.parametrize("name", ["TEACHER_BUDGET", "WIDE_TEACHER_BUDGET", "STUDENT_BUDGET"])
 @pytest.mark.parametrize("value", ["10min", "1hour", "0m", "m", "ten"])
 def test_a_bad_budget_stops_before_anything_runs(repo, name, value):
