@@ -24,6 +24,10 @@ update, cheaper updates; float32 elsewhere).
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 TASK_DEFAULTS = {
     "g2p": dict(preset="g2p-small", max_tokens=1500, lr=4e-3, warmup_steps=100, schedule="linear",
                 attn_implementation="eager", eval_every=500, save_every=500, max_steps=30000, num_beams=4,
@@ -60,3 +64,53 @@ def describe(name: str, with_defaults: bool = False) -> str:
     recipe = RECIPES[name]
     fields = flag_defaults(recipe["task"], name) if with_defaults else {k: v for k, v in recipe.items() if k != "task"}
     return f"{name} ({recipe['task']}: " + ", ".join(f"{k} {v}" for k, v in fields.items()) + ")"
+
+
+# The hour on a host: distillation (`scripts/distill_job.sh`) pays where a 10-minute teacher makes enough updates for
+# its ensemble to beat one model trained for the hour, and a single model (`--recipe g2p-1h`) wins below that. The
+# rate is the main job's recipe on all cores, in updates a second; the threshold and the two hosts it comes from are
+# in docs/recipes.md.
+HOUR_DISTILL_MIN_RATE = 12.0
+HOUR_PLANS = ("distill", "single")
+
+
+def probe_rate(log_path, skip_steps: int = 100) -> float:
+    """Updates a second in a training's train_log.jsonl, from its first logged step at or after `skip_steps` (the
+    start-up's first updates left out) to its last; raises ValueError when the log holds fewer than two such steps."""
+    points = []
+    for line in Path(log_path).read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if "elapsed" in record and record.get("step", -1) >= skip_steps:
+            points.append((record["step"], record["elapsed"]))
+    if len(points) < 2 or points[-1][1] <= points[0][1]:
+        raise ValueError(f"{log_path} logs fewer than two timed steps from step {skip_steps} on: the probe must run "
+                         f"past step {skip_steps} with logging on (--max_steps, --log_every)")
+    (first_step, first_time), (last_step, last_time) = points[0], points[-1]
+    return (last_step - first_step) / (last_time - first_time)
+
+
+def hour_plan(rate: float, threshold: float = HOUR_DISTILL_MIN_RATE) -> str:
+    """"distill" when the main job's recipe makes at least `threshold` updates a second on this host, else "single"."""
+    return "distill" if rate >= threshold else "single"
+
+
+def main(argv=None) -> int:
+    """`python -m vaswani.training.recipes hour-plan TRAIN_LOG`: prints the hour's plan for a probe's log and its
+    rate ("single 8.61"); 2 with one line on stderr when the log cannot say."""
+    parser = argparse.ArgumentParser(prog="python -m vaswani.training.recipes")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("hour-plan", help="the hour's plan (distill or single) from a probe's train_log.jsonl")
+    plan.add_argument("train_log")
+    plan.add_argument("--threshold", type=float, default=HOUR_DISTILL_MIN_RATE,
+                      help="updates a second from which distillation is the plan")
+    options = parser.parse_args(argv)
+    try:
+        rate = probe_rate(options.train_log)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    print(hour_plan(rate, options.threshold), f"{rate:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
