@@ -94,9 +94,10 @@ def test_on_a_fast_host_the_hour_distills(repo):
 def test_the_threshold_is_the_modules(repo):
     from vaswani.training.recipes import HOUR_DISTILL_MIN_RATE
 
-    _, calls = _run(repo, "out", RATE=str(HOUR_DISTILL_MIN_RATE))
+    # just either side of it (the boundary itself, where a log's rounding decides, is hour_plan's own test)
+    _, calls = _run(repo, "out", RATE=str(HOUR_DISTILL_MIN_RATE + 0.01))
     assert "out/student" in calls[-1]
-    _, calls = _run(repo, "other", RATE=str(HOUR_DISTILL_MIN_RATE - 0.1))
+    _, calls = _run(repo, "other", RATE=str(HOUR_DISTILL_MIN_RATE - 0.01))
     assert "other/single" in calls[-1]
 
 
