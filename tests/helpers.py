@@ -5,6 +5,7 @@ subprocess on a slice of CMUdict, and the preamble of scripts that must run with
 import importlib.util
 import os
 import signal
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,20 @@ def _kill_group(pgid: int) -> None:
 # the tasks and vaswani-average: a few hundred CMUdict lines, the tiny preset, one thread per process, offline.
 
 TRAIN = REPO / "scripts" / "train.py"
+
+
+def script_workspace(root: Path, scripts, stand_in: str) -> Path:
+    """`root` laid out like the repository for a shell pipeline of scripts/: copies of `scripts`, a setup_env.sh that
+    does nothing, and `stand_in` as .venv/bin/python (each script's test records what it is asked to run)."""
+    (root / "scripts").mkdir()
+    for script in scripts:
+        shutil.copy(REPO / "scripts" / script, root / "scripts")
+    (root / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    python = root / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(stand_in)
+    python.chmod(0o755)
+    return root
 # float32 on every machine (the g2p default, --mixed_precision auto, is bf16 where the CPU multiplies it natively)
 TINY = ["--preset", "tiny", "--task", "g2p", "--dev_percent", "10", "--max_tokens", "150", "--no_progress_bar",
         "--eval_subset", "0", "--eval_batch_size", "64", "--mixed_precision", "no"]

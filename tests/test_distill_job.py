@@ -6,12 +6,10 @@ that fails stops the rest. (The training and the pseudo-labelling themselves are
 test_training_distillation.py and test_training_pseudo_labels.py.)"""
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import script_workspace
 
 STAND_IN = r"""#!/usr/bin/env bash
 # records each call, and in $CALLS.threads the folder and OMP_NUM_THREADS of each training; a training writes
@@ -46,14 +44,7 @@ fi
 @pytest.fixture
 def repo(tmp_path):
     """A copy of the script in a folder laid out like the repository, with stand-ins for what it runs."""
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(REPO / "scripts" / "distill_job.sh", tmp_path / "scripts")
-    (tmp_path / "scripts" / "setup_env.sh").write_text("exit 0\n")
-    python = tmp_path / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(STAND_IN)
-    python.chmod(0o755)
-    return tmp_path
+    return script_workspace(tmp_path, ("distill_job.sh",), STAND_IN)
 
 
 def _run(repo, *args, check=True, **env):

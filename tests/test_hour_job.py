@@ -6,12 +6,11 @@ before anything runs. (The decision's function is tested in test_training_recipe
 test_distill_job.py.)"""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import script_workspace
 
 STAND_IN = r"""#!/usr/bin/env bash
 # `-m vaswani.training.recipes` runs the real module; a training records its call and writes metrics.json in its
@@ -45,15 +44,7 @@ fi
 @pytest.fixture
 def repo(tmp_path):
     """A copy of the scripts in a folder laid out like the repository, with stand-ins for what they run."""
-    (tmp_path / "scripts").mkdir()
-    for script in ("hour_job.sh", "distill_job.sh"):
-        shutil.copy(REPO / "scripts" / script, tmp_path / "scripts")
-    (tmp_path / "scripts" / "setup_env.sh").write_text("exit 0\n")
-    python = tmp_path / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(STAND_IN)
-    python.chmod(0o755)
-    return tmp_path
+    return script_workspace(tmp_path, ("hour_job.sh", "distill_job.sh"), STAND_IN)
 
 
 def _run(repo, *args, check=True, **env):
